@@ -1,0 +1,79 @@
+// An architecture is data: which blocks a decoder layer has, how they are wired, and
+// the Hugging Face tensor names and shapes that feed them. One shared decoder loop
+// (decoder.cpp) runs every architecture; the files arch_*.cpp only describe.
+#pragma once
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace kvevict {
+
+enum class NormKind { RMSNorm, LayerNorm };
+enum class MlpKind { SwiGLU, FeedForward };  // FeedForward: fc1 -> activation -> fc2
+enum class Activation { SiLU, ReLU, GeluExact, GeluTanh };
+enum class ResidualKind { PreNormSequential, PreNormParallel, PostNorm };
+enum class PositionKind { Rotary, Learned };
+enum class QkvLayout { Separate, FusedPerHead };  // FusedPerHead: GPT-NeoX [heads, 3*head_dim]
+
+// Tensor roles the decoder binds. Global roles first, then per-layer ones.
+enum class Role {
+  Embed, PositionEmbed, ProjectIn, ProjectOut, FinalNormWeight, FinalNormBias, LmHead,
+  AttnNormWeight, AttnNormBias, MlpNormWeight, MlpNormBias,
+  QWeight, QBias, KWeight, KBias, VWeight, VBias, QkvWeight, QkvBias, OWeight, OBias,
+  GateWeight, UpWeight, DownWeight, Fc1Weight, Fc1Bias, Fc2Weight, Fc2Bias,
+  Count
+};
+constexpr int kRoleCount = static_cast<int>(Role::Count);
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Role role;
+  int layer = -1;  // -1 for global tensors
+};
+
+struct ArchSpec {
+  std::string model_type;  // "llama", "opt", "gpt_neox"
+  int64_t hidden = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t intermediate = 0, vocab = 0, max_positions = 0;
+  NormKind norm = NormKind::RMSNorm;
+  double norm_eps = 1e-5;
+  MlpKind mlp = MlpKind::SwiGLU;
+  Activation activation = Activation::SiLU;
+  ResidualKind residual = ResidualKind::PreNormSequential;
+  PositionKind positions = PositionKind::Rotary;
+  QkvLayout qkv = QkvLayout::Separate;
+  int64_t rotary_dim = 0;     // leading dims of each head that rotate (rotate-half)
+  double rope_theta = 10000;
+  int64_t position_offset = 0;  // OPT's learned positions start at row 2
+  bool has_final_norm = true;
+  bool tied_head = false;       // lm head = token embedding
+  int bos_token_id = -1;        // -1: the model has no BOS
+  bool prepend_bos = true;      // whether its tokenizer adds BOS to a text
+  int eos_token_id = -1;
+  std::vector<TensorSpec> tensors;             // everything the checkpoint must hold
+  std::vector<std::string> ignored_suffixes;   // legacy buffers skipped, as HF does
+};
+
+// Reads config.json (already parsed) and describes the model. `has_tensor` answers
+// whether the checkpoint holds a name (OPT checkpoints differ in their prefix).
+using HasTensor = std::function<bool(const std::string&)>;
+ArchSpec describe_architecture(const nlohmann::json& config, const std::string& config_path,
+                               const HasTensor& has_tensor);
+
+// One per architecture file.
+ArchSpec describe_llama(const nlohmann::json& config, const std::string& config_path,
+                        const HasTensor& has_tensor);
+ArchSpec describe_opt(const nlohmann::json& config, const std::string& config_path,
+                      const HasTensor& has_tensor);
+ArchSpec describe_gpt_neox(const nlohmann::json& config, const std::string& config_path,
+                           const HasTensor& has_tensor);
+
+// Reading config.json keys with errors that name the file and key.
+int64_t config_int(const nlohmann::json& config, const std::string& path, const std::string& key);
+int64_t config_int_or(const nlohmann::json& config, const std::string& key, int64_t fallback);
+double config_double_or(const nlohmann::json& config, const std::string& key, double fallback);
+bool config_bool_or(const nlohmann::json& config, const std::string& key, bool fallback);
+
+}  // namespace kvevict

@@ -1,0 +1,176 @@
+// Byte-level BPE against Hugging Face tokenizers' own output (golden/bpe_*.jsonl, see
+// golden/README.md "BPE goldens"), plus the loaders' errors for bad files.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness/errors.h"
+#include "harness/tokenizer.h"
+#include "tests/test_support.h"
+
+namespace {
+
+using kvevict::Tokenizer;
+using kvevict::test::data;
+
+const Tokenizer& gpt2() {
+  static const auto tokenizer = kvevict::load_bpe_vocab_merges(data("tokenizers/gpt2/vocab.json"),
+                                                               data("tokenizers/gpt2/merges.txt"));
+  return *tokenizer;
+}
+
+const Tokenizer& gpt_neox() {
+  static const auto tokenizer =
+      kvevict::load_bpe_tokenizer_json(data("tokenizers/gpt-neox-20b/tokenizer.json"));
+  return *tokenizer;
+}
+
+struct GoldenLine {
+  int line_number;
+  std::string text;
+  std::vector<int> ids;
+  bool has_note;  // the text contains special-token text such as <|endoftext|>
+};
+
+std::vector<GoldenLine> read_golden(const std::string& file) {
+  std::ifstream in(data("golden/" + file));
+  REQUIRE(in);
+  std::vector<GoldenLine> lines;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    const auto object = nlohmann::json::parse(line);
+    lines.push_back({number, object.at("text").get<std::string>(),
+                     object.at("ids").get<std::vector<int>>(), object.contains("note")});
+  }
+  return lines;
+}
+
+// Checks every golden line: encode gives exactly the ids, decode gives back the text
+// (or `decoded_differently[text]` for the texts the tokenizer normalises).
+void check_golden(const Tokenizer& tokenizer, const std::string& file,
+                  const std::map<std::string, std::string>& decoded_differently = {}) {
+  const std::vector<GoldenLine> lines = read_golden(file);
+  REQUIRE(lines.size() == 333);
+  int encoded_exactly = 0, decoded_back = 0, with_note = 0;
+  for (const GoldenLine& golden : lines) {
+    INFO(file << " line " << golden.line_number);
+    const std::vector<int> ids = tokenizer.encode(golden.text);
+    CHECK(ids == golden.ids);
+    encoded_exactly += ids == golden.ids;
+    with_note += golden.has_note;
+
+    const auto normalised = decoded_differently.find(golden.text);
+    const std::string& expected =
+        normalised == decoded_differently.end() ? golden.text : normalised->second;
+    const std::string decoded = tokenizer.decode(golden.ids);
+    CHECK(decoded == expected);
+    decoded_back += decoded == expected;
+  }
+  CHECK(with_note == 5);
+  CHECK(encoded_exactly == 333);
+  CHECK(decoded_back == 333);
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary);
+  out << content;
+}
+
+bool is_one_line(const std::string& message) { return message.find('\n') == std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("GPT-2 BPE matches HF tokenizers on all 333 golden strings", "[bpe]") {
+  check_golden(gpt2(), "bpe_gpt2.jsonl");
+  CHECK(gpt2().vocab_size() == 50257);
+}
+
+TEST_CASE("GPT-NeoX BPE matches HF tokenizers on all 333 golden strings", "[bpe]") {
+  // NeoX normalises to NFC, so these two texts decode to their composed forms, written
+  // out here rather than computed with the code under test.
+  const std::map<std::string, std::string> nfc_of_text = {
+      {"cafe\xCC\x81", "caf\xC3\xA9"},                           // e + U+0301 -> U+00E9
+      {"\xE2\x84\xABngstr\xC3\xB6m", "\xC3\x85ngstr\xC3\xB6m"},  // U+212B -> U+00C5
+  };
+  check_golden(gpt_neox(), "bpe_gpt_neox.jsonl", nfc_of_text);
+  CHECK(gpt_neox().vocab_size() == 50277);  // 50254 model tokens + 23 runs of spaces
+}
+
+TEST_CASE("GPT-NeoX applies NFC before BPE", "[bpe]") {
+  const Tokenizer& neox = gpt_neox();
+  // Canonical reordering: dot below (class 220) sorts before circumflex (230) and both
+  // compose with the base into U+1EAD.
+  CHECK(neox.encode("a\xCC\xA3\xCC\x82") == neox.encode("\xE1\xBA\xAD"));
+  CHECK(neox.encode("a\xCC\x82\xCC\xA3") == neox.encode("\xE1\xBA\xAD"));
+  // Hangul jamo compose arithmetically: U+1100 U+1161 U+11A8 -> U+AC01.
+  CHECK(neox.encode("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8") == neox.encode("\xEA\xB0\x81"));
+  // Kana voicing mark: U+304B U+3099 -> U+304C.
+  CHECK(neox.encode("\xE3\x81\x8B\xE3\x82\x99") == neox.encode("\xE3\x81\x8C"));
+  // GPT-2 has no normaliser.
+  CHECK(gpt2().encode("cafe\xCC\x81") != gpt2().encode("caf\xC3\xA9"));
+}
+
+TEST_CASE("BPE keeps invalid UTF-8 bytes and decodes them to U+FFFD as HF does", "[bpe]") {
+  // Bytes reach their byte tokens; decode replaces each maximal invalid subpart (here
+  // the truncated E2 82 and the lone FF) with one U+FFFD. NeoX has no token for FF, a
+  // byte that never occurs in UTF-8, so it drops it as HF drops unknown characters.
+  const std::string text = "a\xE2\x82 b\xFF";
+  CHECK(gpt2().decode(gpt2().encode(text)) == "a\xEF\xBF\xBD b\xEF\xBF\xBD");
+  CHECK(gpt_neox().decode(gpt_neox().encode(text)) == "a\xEF\xBF\xBD b");
+}
+
+TEST_CASE("merges.txt may start with a #version header", "[bpe]") {
+  const std::string dir = kvevict::test::temp_dir("bpe_version_header");
+  const std::string merges = dir + "/merges.txt";
+  write_file(merges,
+             "#version: 0.2\n" + kvevict::test::read_text(data("tokenizers/gpt2/merges.txt")));
+  const auto with_header =
+      kvevict::load_bpe_vocab_merges(data("tokenizers/gpt2/vocab.json"), merges);
+  const std::string text = "Hello world, it's 2024 <|endoftext|> caf\xC3\xA9!";
+  CHECK(with_header->encode(text) == gpt2().encode(text));
+}
+
+TEST_CASE("tokenizer.json that is not byte-level BPE is rejected", "[bpe]") {
+  const std::string dir = kvevict::test::temp_dir("bpe_bad_tokenizer_json");
+  const std::string path = dir + "/tokenizer.json";
+
+  write_file(path, R"({"model": {"type": "WordPiece", "vocab": {"a": 0}},
+                      "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false}})");
+  CHECK_THROWS_AS(kvevict::load_bpe_tokenizer_json(path), kvevict::Error);
+  CHECK_THROWS_WITH(kvevict::load_bpe_tokenizer_json(path),
+                    Catch::Contains(path) && Catch::Contains("WordPiece") &&
+                        Catch::Predicate<std::string>(is_one_line, "is one line"));
+
+  write_file(path, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                      "pre_tokenizer": {"type": "Metaspace", "replacement": "_"}})");
+  CHECK_THROWS_AS(kvevict::load_bpe_tokenizer_json(path), kvevict::Error);
+  CHECK_THROWS_WITH(kvevict::load_bpe_tokenizer_json(path),
+                    Catch::Contains(path) && Catch::Contains("Metaspace") &&
+                        Catch::Predicate<std::string>(is_one_line, "is one line"));
+}
+
+TEST_CASE("a merges.txt line that is not two tokens is rejected with file:line", "[bpe]") {
+  const std::string dir = kvevict::test::temp_dir("bpe_bad_merges");
+  const std::string vocab = dir + "/vocab.json", merges = dir + "/merges.txt";
+  write_file(vocab, R"({"a": 0, "b": 1, "ab": 2})");
+  write_file(merges, "#version: 0.2\na b\na b c\n");
+  CHECK_THROWS_AS(kvevict::load_bpe_vocab_merges(vocab, merges), kvevict::Error);
+  CHECK_THROWS_WITH(
+      kvevict::load_bpe_vocab_merges(vocab, merges),
+      Catch::Contains(merges + ":3") && Catch::Predicate<std::string>(is_one_line, "is one line"));
+}
+
+TEST_CASE("a vocab.json that is not a JSON object is rejected", "[bpe]") {
+  const std::string dir = kvevict::test::temp_dir("bpe_bad_vocab");
+  const std::string vocab = dir + "/vocab.json", merges = dir + "/merges.txt";
+  write_file(vocab, R"(["a", "b"])");
+  write_file(merges, "a b\n");
+  CHECK_THROWS_AS(kvevict::load_bpe_vocab_merges(vocab, merges), kvevict::Error);
+  CHECK_THROWS_WITH(kvevict::load_bpe_vocab_merges(vocab, merges),
+                    Catch::Contains(vocab) && Catch::Contains("JSON object") &&
+                        Catch::Predicate<std::string>(is_one_line, "is one line"));
+}

@@ -1,0 +1,50 @@
+#include "tests/test_support.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/data_dir.h"
+
+namespace kvevict::test {
+
+std::string data(const std::string& relative) { return kvevict::data_path(relative); }
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return nlohmann::json::parse(in);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("kvevict_test_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+CommandResult run_kvevict(const std::string& args) {
+  static int counter = 0;
+  auto dir = std::filesystem::temp_directory_path() /
+             ("kvevict_cmd_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  std::filesystem::create_directories(dir);
+  std::string out = (dir / "out").string(), err = (dir / "err").string();
+  std::string cmd = std::string(KVEVICT_BINARY) + " " + args + " >" + out + " 2>" + err;
+  int status = std::system(cmd.c_str());
+  CommandResult result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out),
+                       read_text(err)};
+  std::filesystem::remove_all(dir);
+  return result;
+}
+
+}  // namespace kvevict::test

@@ -1,0 +1,23 @@
+// Helpers shared by the tests: where the real data is, reading JSON, running the CLI.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvevict::test {
+
+// ../shared/data relative to the repository root, or $KVEVICT_DATA.
+std::string data(const std::string& relative);
+nlohmann::json read_json(const std::string& path);
+std::string read_text(const std::string& path);
+// A fresh empty temporary directory for one test.
+std::string temp_dir(const std::string& name);
+
+struct CommandResult {
+  int exit_code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+// Runs the kvevict binary with the given argument string (shell-quoted by the caller).
+CommandResult run_kvevict(const std::string& args);
+
+}  // namespace kvevict::test
