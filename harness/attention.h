@@ -1,0 +1,69 @@
+// The eviction hook: the attention backends of the two execution modes.
+//   FullAttention   plain causal attention (no policy);
+//   SimAttention    one teacher-forced pass; each logits row is masked by the
+//                   policy's current keep-set and the policy observes the masked
+//                   softmax (or, for sim-only policies, computes the layer itself);
+//   CacheAttention  a real KV cache; the policy observes each query's attention and
+//                   evicted K/V are physically removed.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "harness/model.h"
+#include "policies/policy.h"
+
+namespace kvevict {
+
+// What the cache held, for reports.
+struct KvStats {
+  std::vector<int> kept_per_layer;     // tokens per KV head at the end
+  std::vector<int> max_per_layer;      // most tokens per KV head at any moment
+  int64_t peak_bytes = 0;              // sum over layers of each layer's peak K+V bytes
+};
+
+class FullAttention : public AttentionBackend {
+ public:
+  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v, int64_t start) override;
+};
+
+class SimAttention : public AttentionBackend {
+ public:
+  SimAttention(const Model& model, const Policy& policy, SequenceShape shape);
+  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v, int64_t start) override;
+  const KvStats& stats() const { return stats_; }
+
+ private:
+  const Model& model_;
+  const Policy& policy_;
+  SequenceShape shape_;
+  KvStats stats_;
+};
+
+class CacheAttention : public AttentionBackend {
+ public:
+  CacheAttention(const Model& model, const Policy& policy, SequenceShape shape);
+  // t > 1 processes a block with full causal attention: allowed only up to the end of
+  // the prefill (shape.prefill_len), since eviction never happens inside a block.
+  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                       const torch::Tensor& v, int64_t start) override;
+  const KvStats& stats() const { return stats_; }
+  int64_t cached_tokens(int layer) const;
+
+ private:
+  struct LayerCache {
+    torch::Tensor keys, values;  // [n_kv_heads, slots, head_dim]
+    std::unique_ptr<LayerState> state;
+  };
+  const Model& model_;
+  const Policy& policy_;
+  SequenceShape shape_;
+  std::vector<LayerCache> layers_;
+  KvStats stats_;
+  std::vector<float> row_buffer_;
+};
+
+}  // namespace kvevict

@@ -1,0 +1,204 @@
+#include "policies/policy.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+#include "harness/errors.h"
+
+namespace kvevict {
+
+int Policy::total_budget(const SequenceShape& shape) const {
+  const BudgetSpec& b = options_.budget;
+  if (b.heavy_ratio >= 0 || b.recent_ratio >= 0) {
+    // The paper: int(ratio * T) for each part separately.
+    return static_cast<int>(std::max(0.0, b.heavy_ratio) * shape.length) +
+           static_cast<int>(std::max(0.0, b.recent_ratio) * shape.length);
+  }
+  if (b.tokens > 0) return b.tokens;
+  if (b.ratio > 0) return static_cast<int>(b.ratio * shape.length);
+  throw Error("policy " + name() + " needs a budget (--budget, --budget-tokens or --heavy-ratio/--recent-ratio)");
+}
+
+Budget Policy::layer_budget(int /*layer*/, const SequenceShape& shape) const {
+  Budget budget;
+  if (keeps_everything()) {
+    budget.unlimited = true;
+    return budget;
+  }
+  const BudgetSpec& b = options_.budget;
+  budget.sink = sink_tokens();
+  if (b.heavy_ratio >= 0 || b.recent_ratio >= 0) {
+    int heavy = static_cast<int>(std::max(0.0, b.heavy_ratio) * shape.length);
+    budget.recent = static_cast<int>(std::max(0.0, b.recent_ratio) * shape.length);
+    budget.capacity = heavy + budget.recent + budget.sink;
+    return budget;
+  }
+  int total = total_budget(shape);
+  double share = b.heavy_share >= 0 ? b.heavy_share : default_heavy_share();
+  int rest = std::max(0, total - budget.sink);
+  int heavy = static_cast<int>(rest * share);
+  budget.recent = rest - heavy;
+  budget.capacity = total;
+  return budget;
+}
+
+void Policy::validate(const SequenceShape& shape) const {
+  if (keeps_everything()) return;
+  const BudgetSpec& b = options_.budget;
+  if (b.ratio != -1 && (b.ratio <= 0 || b.ratio > 1))
+    throw Error("budget " + std::to_string(b.ratio) + " is outside (0, 1]");
+  if (b.tokens != -1 && b.tokens <= 0)
+    throw Error("budget of " + std::to_string(b.tokens) + " tokens must be positive");
+  if (!b.is_set())
+    throw Error("policy " + name() + " needs a budget (--budget, --budget-tokens or --heavy-ratio/--recent-ratio)");
+  if (b.heavy_share != -1 && (b.heavy_share < 0 || b.heavy_share > 1))
+    throw Error("heavy share " + std::to_string(b.heavy_share) + " is outside [0, 1]");
+  if (b.heavy_ratio > 1 || b.recent_ratio > 1 || (b.heavy_ratio >= 0 && b.recent_ratio >= 0 &&
+                                                   b.heavy_ratio + b.recent_ratio > 1))
+    throw Error("heavy ratio + recent ratio must lie in (0, 1]");
+  if (b.tokens > shape.length)
+    throw Error("budget of " + std::to_string(b.tokens) + " tokens is larger than the sequence (" +
+                std::to_string(shape.length) + " tokens)");
+  int total = total_budget(shape);
+  if (total < 1)
+    throw Error("budget rounds to 0 tokens for a sequence of " + std::to_string(shape.length) +
+                " tokens");
+  if (total < sink_tokens())
+    throw Error("budget of " + std::to_string(total) + " tokens is smaller than the " +
+                std::to_string(sink_tokens()) + " sink tokens of " + name());
+}
+
+void Policy::simulate_layer(int, const SequenceShape&, int, const float*, float*) const {
+  throw Error("policy " + name() + " has no sim-only implementation");
+}
+
+// ---------------------------------------------------------------------------------
+namespace {
+
+class ScoredLayerState : public LayerState {
+ public:
+  ScoredLayerState(const ScoredPolicy& policy, int layer, const SequenceShape& shape)
+      : policy_(policy), shape_(shape), budget_(policy.layer_budget(layer, shape)),
+        channels_(policy.channels()), heads_(shape.n_kv_heads) {
+    for (int h = 0; h < shape.n_kv_heads; ++h) {
+      heads_[h].layer = layer;
+      heads_[h].kv_head = h;
+    }
+  }
+
+  void append(int position, const float* key_norms) override {
+    for (auto& head : heads_) {
+      head.positions.push_back(position);
+      head.values.resize(head.values.size() + channels_, 0.0f);
+      float* slot = head.values.data() + head.values.size() - channels_;
+      policy_.on_append(head, slot, position, key_norms ? key_norms[head.kv_head] : 0.0f);
+    }
+  }
+
+  void observe(const float* probs) override {
+    const int n = size(), group = shape_.group();
+    aggregated_.assign(n, 0.0f);
+    const bool use_max = policy_.options().group_reduce == "max";
+    for (auto& head : heads_) {
+      std::fill(aggregated_.begin(), aggregated_.end(), 0.0f);
+      for (int j = 0; j < group; ++j) {
+        const float* row = probs + static_cast<size_t>(head.kv_head * group + j) * n;
+        for (int s = 0; s < n; ++s)
+          aggregated_[s] = use_max ? std::max(aggregated_[s], row[s]) : aggregated_[s] + row[s];
+      }
+      if (!use_max)
+        for (int s = 0; s < n; ++s) aggregated_[s] /= group;
+      policy_.on_observe(head, aggregated_.data());
+      head.steps++;
+    }
+  }
+
+  bool compress(std::vector<std::vector<int>>* keep) override {
+    const int n = size();
+    if (budget_.unlimited || n <= budget_.capacity) return false;
+    if (keep) keep->assign(heads_.size(), {});
+    if (policy_.shared_across_heads()) {
+      // One decision per layer: average the heads' scores, select once.
+      scores_.assign(n, 0.0f);
+      std::vector<float> head_scores(n);
+      for (auto& head : heads_) {
+        policy_.score(head, head_scores.data());
+        for (int s = 0; s < n; ++s) scores_[s] += head_scores[s] / heads_.size();
+      }
+      select(heads_[0], scores_, &kept_);
+      for (size_t h = 0; h < heads_.size(); ++h) {
+        gather(heads_[h], kept_);
+        if (keep) (*keep)[h] = kept_;
+      }
+      return true;
+    }
+    scores_.resize(n);
+    for (size_t h = 0; h < heads_.size(); ++h) {
+      policy_.score(heads_[h], scores_.data());
+      select(heads_[h], scores_, &kept_);
+      gather(heads_[h], kept_);
+      if (keep) (*keep)[h] = kept_;
+    }
+    return true;
+  }
+
+  int size() const override { return static_cast<int>(heads_[0].positions.size()); }
+  const std::vector<int>& positions(int kv_head) const override {
+    return heads_[kv_head].positions;
+  }
+
+ private:
+  // Sinks and the recent window are always kept; the rest of the capacity goes to the
+  // best-scoring slots in between. Ties prefer the more recent token.
+  void select(const HeadSlots& head, const std::vector<float>& scores, std::vector<int>* kept) {
+    const int n = static_cast<int>(head.positions.size());
+    int n_sink = 0;
+    while (n_sink < n && head.positions[n_sink] < budget_.sink) ++n_sink;
+    int n_recent = std::min(budget_.recent, n - n_sink);
+    int n_heavy = std::max(0, budget_.capacity - n_sink - n_recent);
+    kept->clear();
+    for (int s = 0; s < n_sink; ++s) kept->push_back(s);
+    candidates_.clear();
+    for (int s = n_sink; s < n - n_recent; ++s) candidates_.push_back(s);
+    n_heavy = std::min<int>(n_heavy, candidates_.size());
+    std::partial_sort(candidates_.begin(), candidates_.begin() + n_heavy, candidates_.end(),
+                      [&](int a, int b) {
+                        if (scores[a] != scores[b]) return scores[a] > scores[b];
+                        return a > b;
+                      });
+    candidates_.resize(n_heavy);
+    std::sort(candidates_.begin(), candidates_.end());
+    kept->insert(kept->end(), candidates_.begin(), candidates_.end());
+    for (int s = n - n_recent; s < n; ++s) kept->push_back(s);
+  }
+
+  void gather(HeadSlots& head, const std::vector<int>& kept) {
+    std::vector<int> positions(kept.size());
+    std::vector<float> values(kept.size() * channels_);
+    for (size_t i = 0; i < kept.size(); ++i) {
+      positions[i] = head.positions[kept[i]];
+      std::copy_n(head.values.begin() + static_cast<size_t>(kept[i]) * channels_, channels_,
+                  values.begin() + i * channels_);
+    }
+    head.positions.swap(positions);
+    head.values.swap(values);
+  }
+
+  const ScoredPolicy& policy_;
+  SequenceShape shape_;
+  Budget budget_;
+  int channels_;
+  std::vector<HeadSlots> heads_;
+  std::vector<float> aggregated_, scores_;
+  std::vector<int> kept_, candidates_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerState> ScoredPolicy::make_layer_state(int layer,
+                                                           const SequenceShape& shape) const {
+  return std::make_unique<ScoredLayerState>(*this, layer, shape);
+}
+
+}  // namespace kvevict

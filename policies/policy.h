@@ -1,0 +1,143 @@
+// The eviction policy interface. A policy decides, per layer and per KV head, which
+// cached tokens stay. The same LayerState drives both execution modes:
+//   decode: a real cache; the harness gathers K/V with the kept slot indices;
+//   sim:    one teacher-forced pass; the harness masks each logits row with the
+//           current slots.
+// Both call append -> observe -> (compress) once per token, in position order, so a
+// realisable policy cannot tell the modes apart.
+//
+// Policy code is plain C++ over contiguous float buffers: no LibTorch here.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvevict {
+
+// How big the cache may be. Exactly one of ratio / tokens / (heavy_ratio, recent_ratio)
+// is normally set; unset fields are negative.
+struct BudgetSpec {
+  double ratio = -1;         // fraction of the sequence length (the paper's convention)
+  int tokens = -1;           // absolute token count
+  double heavy_share = -1;   // share of the budget for heavy hitters (-1: policy default)
+  double heavy_ratio = -1;   // the paper's own parameters, as fractions of the length
+  double recent_ratio = -1;
+  bool is_set() const { return ratio > 0 || tokens > 0 || heavy_ratio >= 0 || recent_ratio >= 0; }
+};
+
+struct PolicyOptions {
+  BudgetSpec budget;
+  int n_sink = 4;                   // streamingllm: attention-sink tokens always kept
+  int window = 32;                  // snapkv/pyramidkv/scissorhands: observation window (queries)
+  int kernel = 5;                   // snapkv/pyramidkv: pooling kernel along keys
+  std::string pooling = "avg";      // "avg" or "max"
+  double pyramid_beta = 20;         // pyramidkv: smallest layer budget = base / beta
+  uint64_t seed = 0;                // random
+  std::string group_reduce = "mean";  // GQA: how a KV head aggregates its query heads
+};
+
+// What the policy is applied to.
+struct SequenceShape {
+  int length = 0;       // tokens the ratio budget refers to (request or prompt length)
+  int prefill_len = 0;  // tokens processed with full attention before eviction starts
+  int n_layers = 1;
+  int n_q_heads = 1;
+  int n_kv_heads = 1;
+  int group() const { return n_q_heads / n_kv_heads; }
+};
+
+// A resolved per-layer budget, in tokens.
+struct Budget {
+  bool unlimited = false;
+  int capacity = 0;  // tokens kept after each step (sinks + heavy + recent)
+  int recent = 0;    // the most recent tokens, always kept
+  int sink = 0;      // the first tokens, always kept
+};
+
+// One layer's cache bookkeeping for all its KV heads. Every head holds the same number
+// of slots; slots are in insertion (position) order.
+class LayerState {
+ public:
+  virtual ~LayerState() = default;
+  // Token `position` enters every head's cache as the last slot.
+  // key_norms: [n_kv_heads] L2 norms of its keys.
+  virtual void append(int position, const float* key_norms) = 0;
+  // The attention of the newest query over the current slots: [n_q_heads][size()],
+  // query head h belongs to KV head h / group.
+  virtual void observe(const float* probs) = 0;
+  // Evicts down to the budget. Returns false when nothing was evicted; otherwise fills
+  // keep (if not null) with the kept slot indices per KV head, ascending.
+  virtual bool compress(std::vector<std::vector<int>>* keep) = 0;
+  virtual int size() const = 0;
+  virtual const std::vector<int>& positions(int kv_head) const = 0;
+};
+
+class Policy {
+ public:
+  explicit Policy(PolicyOptions options) : options_(std::move(options)) {}
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+  // False for policies that need information a real cache does not hold; they run in
+  // sim mode only, through simulate_layer.
+  virtual bool realisable() const { return true; }
+  // False when a row's mask depends on future rows.
+  virtual bool causal() const { return true; }
+  // True for the full cache: the harness may skip all bookkeeping.
+  virtual bool keeps_everything() const { return false; }
+  virtual double default_heavy_share() const { return 0.5; }
+  virtual int sink_tokens() const { return 0; }
+
+  // The budget of one layer for a sequence (PyramidKV overrides it).
+  virtual Budget layer_budget(int layer, const SequenceShape& shape) const;
+  // Throws kvevict::Error when the budget does not fit the sequence.
+  void validate(const SequenceShape& shape) const;
+
+  // Realisable policies: the per-layer state driving both modes.
+  virtual std::unique_ptr<LayerState> make_layer_state(int layer,
+                                                       const SequenceShape& shape) const = 0;
+  // Sim-only policies: the attention probabilities [n_q][T][T] of one layer from its
+  // unmasked causal logits [n_q][T][T] (entries above the diagonal are ignored;
+  // probs arrives zeroed). Budgets refer to shape.length.
+  virtual void simulate_layer(int layer, const SequenceShape& shape, int T, const float* logits,
+                              float* probs) const;
+
+  const PolicyOptions& options() const { return options_; }
+
+ protected:
+  // The total budget in tokens before any split.
+  int total_budget(const SequenceShape& shape) const;
+  PolicyOptions options_;
+};
+
+// ---------------------------------------------------------------------------------
+// Most policies are a score function over ScoredPolicy, which owns the slots, the
+// sink and recent windows and the top-k selection (the kvpress "ScorerPress" idea).
+struct HeadSlots {
+  std::vector<int> positions;
+  std::vector<float> values;  // channels() floats per slot, policy-defined
+  int layer = 0;
+  int kv_head = 0;
+  int steps = 0;  // queries observed so far
+};
+
+class ScoredPolicy : public Policy {
+ public:
+  using Policy::Policy;
+  std::unique_ptr<LayerState> make_layer_state(int layer,
+                                               const SequenceShape& shape) const override;
+
+  // Floats of state per slot.
+  virtual int channels() const { return 1; }
+  // Initialises a newly appended slot's channels (already zeroed).
+  virtual void on_append(HeadSlots& head, float* slot_values, int position, float key_norm) const {}
+  // attention: the newest query's attention over the head's slots, aggregated over
+  // the head's query group. Called before head.steps is incremented.
+  virtual void on_observe(HeadSlots& head, const float* attention) const {}
+  // Higher keeps. out has one float per slot.
+  virtual void score(const HeadSlots& head, float* out) const = 0;
+  // True when one decision is shared by all heads of a layer (scores are averaged).
+  virtual bool shared_across_heads() const { return false; }
+};
+
+}  // namespace kvevict

@@ -1,0 +1,25 @@
+// StreamingLLM: the first n_sink tokens (attention sinks) plus the most recent window.
+#include "policies/policy.h"
+
+namespace kvevict {
+namespace {
+class StreamingLLMPolicy : public ScoredPolicy {
+ public:
+  using ScoredPolicy::ScoredPolicy;
+  std::string name() const override { return "streamingllm"; }
+  int sink_tokens() const override { return options_.n_sink; }
+  Budget layer_budget(int layer, const SequenceShape& shape) const override {
+    Budget b = Policy::layer_budget(layer, shape);
+    b.recent = b.capacity - b.sink;  // no heavy hitters
+    return b;
+  }
+  void score(const HeadSlots& head, float* out) const override {
+    for (size_t s = 0; s < head.positions.size(); ++s) out[s] = static_cast<float>(head.positions[s]);
+  }
+};
+}  // namespace
+
+std::unique_ptr<Policy> make_streamingllm_policy(const PolicyOptions& o) {
+  return std::make_unique<StreamingLLMPolicy>(o);
+}
+}  // namespace kvevict
