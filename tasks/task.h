@@ -1,0 +1,84 @@
+// A task turns a real data file into scoring requests and turns the model's answers
+// back into metrics. Tasks know nothing about models: the harness scores requests.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvevict {
+
+struct TaskOptions {
+  std::string data_dir;  // the shared data folder (already resolved)
+  int shots = 0;         // few-shot examples per request
+  int seed = 42;         // few-shot sampling seed (lm-eval 0.3 uses 42)
+  int limit = -1;        // evaluate only the first `limit` documents in evaluation order (-1: all)
+  // lm-eval 0.3 shuffles the evaluation documents with the seeded generator before
+  // `limit` and before drawing few-shot examples; false keeps file order.
+  bool lm_eval_shuffle = true;
+  // XSum: false uses the articles exactly as H2O's xsum_0shot.jsonl has them (not
+  // truncated); true applies HELM's cleaning (newlines to spaces, whitespace runs
+  // collapsed, first 512 words) to articles and summaries.
+  bool xsum_helm_truncate = false;
+};
+
+// One log-likelihood request: score `continuation` given `context`
+// (lm-eval: the two strings are tokenised separately and concatenated).
+struct LoglikelihoodRequest {
+  std::string context;
+  std::string continuation;
+};
+
+// A multiple-choice document: one request per choice.
+struct MultipleChoiceDoc {
+  std::string id;
+  std::vector<LoglikelihoodRequest> requests;
+  // Text whose character length normalises acc_norm (lm-eval: the choice string).
+  std::vector<std::string> choice_texts;
+  int gold = 0;
+};
+
+// A generation document (XSum): prompt in, text out, scored against `reference`.
+struct GenerationDoc {
+  std::string id;
+  std::string prompt;
+  std::string reference;
+  std::vector<std::string> stop;  // generation ends before any of these
+  int max_new_tokens = 64;
+};
+
+// The model's answer to one log-likelihood request.
+struct LoglikelihoodResult {
+  double sum_logprob = 0;  // sum of the continuation's token log-probs
+  int num_tokens = 0;      // continuation tokens scored
+  bool is_greedy = false;  // every continuation token was the argmax
+};
+
+struct MetricValue {
+  std::string name;  // "acc", "acc_norm", "rouge1", ...
+  double value = 0;
+  double stderr_ = 0;  // standard error of the mean
+  int n = 0;
+};
+
+enum class TaskKind { MultipleChoice, Generation, Perplexity };
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual std::string name() const = 0;
+  virtual TaskKind kind() const = 0;
+  // The metric names this task reports, in order.
+  virtual std::vector<std::string> metric_names() const = 0;
+  // Multiple-choice tasks override this.
+  virtual std::vector<MultipleChoiceDoc> multiple_choice_docs(const TaskOptions&) const {
+    return {};
+  }
+  // Generation tasks override this.
+  virtual std::vector<GenerationDoc> generation_docs(const TaskOptions&) const { return {}; }
+};
+
+// "copa", "piqa", "winogrande", "openbookqa", "rte", "xsum", "perplexity".
+std::unique_ptr<Task> make_task(const std::string& name);
+std::vector<std::string> task_names();
+
+}  // namespace kvevict

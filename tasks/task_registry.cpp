@@ -1,0 +1,51 @@
+// Maps task names to tasks. A new task is one file in tasks/ plus one line here.
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "harness/errors.h"
+#include "tasks/task.h"
+
+namespace kvevict {
+
+// Each defined in tasks/<name>.cpp.
+std::unique_ptr<Task> make_copa_task();
+std::unique_ptr<Task> make_piqa_task();
+std::unique_ptr<Task> make_winogrande_task();
+std::unique_ptr<Task> make_openbookqa_task();
+std::unique_ptr<Task> make_rte_task();
+std::unique_ptr<Task> make_xsum_task();
+std::unique_ptr<Task> make_perplexity_task();
+
+namespace {
+
+const std::vector<std::pair<std::string, std::function<std::unique_ptr<Task>()>>>& registry() {
+  static const std::vector<std::pair<std::string, std::function<std::unique_ptr<Task>()>>> tasks = {
+      {"copa", make_copa_task},
+      {"piqa", make_piqa_task},
+      {"winogrande", make_winogrande_task},
+      {"openbookqa", make_openbookqa_task},
+      {"rte", make_rte_task},
+      {"xsum", make_xsum_task},
+      {"perplexity", make_perplexity_task},
+  };
+  return tasks;
+}
+
+}  // namespace
+
+std::vector<std::string> task_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : registry()) names.push_back(entry.first);
+  return names;
+}
+
+std::unique_ptr<Task> make_task(const std::string& name) {
+  for (const auto& [known, make] : registry())
+    if (known == name) return make();
+  std::string known_list;
+  for (const auto& known : task_names()) known_list += (known_list.empty() ? "" : ", ") + known;
+  throw Error("unknown task \"" + name + "\" (known tasks: " + known_list + ")");
+}
+
+}  // namespace kvevict
