@@ -1,0 +1,76 @@
+// The tidy results CSV: one row per (cell, metric). Every table, plot and notebook is
+// derived from this file, and sweeps resume from it, so writing must survive a kill -9
+// and reading must tell a torn last line (expected after a kill) from real corruption.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvevict {
+
+// One line of the results CSV. Optional fields are written as an empty CSV field,
+// meaning "not applicable" (e.g. agreement_with_full for the full policy, budget when
+// the budget was given in tokens).
+struct ResultRow {
+  std::string model;
+  std::string task;
+  std::string policy;
+  std::optional<double> budget;  // ratio of the sequence length, in (0, 1]
+  std::optional<std::int64_t> budget_tokens;
+  std::optional<double> heavy_share;  // fraction of the budget kept for heavy hitters
+  std::optional<double> heavy_ratio;
+  std::optional<double> recent_ratio;
+  std::string protocol;  // "stream" or "prefill-compress"
+  std::string mode;      // "decode" or "simulation"
+  std::string score;
+  std::optional<int> shots;
+  std::optional<int> seed;
+  std::optional<int> limit;
+  std::string metric;  // "acc", "acc_norm", "rouge1", "nll", ...
+  double value = 0;
+  std::optional<double> stderr_;  // standard error of the mean
+  int n = 0;                      // examples behind the value
+  std::optional<double> agreement_with_full;
+  std::optional<double> mean_abs_ll_change;
+  std::optional<double> kv_tokens_kept;
+  std::optional<std::int64_t> kv_bytes_peak;
+  std::optional<double> seconds;
+  std::string version;
+
+  // Column name -> the field exactly as written to the CSV ("" when not applicable).
+  // Pivots and plots work on this generic view.
+  std::map<std::string, std::string> fields() const;
+  // The inverse of fields(); throws kvevict::Error naming the column on a bad number.
+  // Missing columns are treated as empty.
+  static ResultRow from_fields(const std::map<std::string, std::string>& fields);
+};
+
+// The column names, in file order.
+std::vector<std::string> result_columns();
+// The header line, without the newline.
+std::string result_header();
+
+// RFC 4180: quotes a field when it contains a comma, quote, CR or LF.
+std::string csv_quote(const std::string& field);
+// Shortest text that reads back as the same double ("0.2", not "0.20000000000000001").
+std::string format_number(double value);
+
+// One CSV line for the row, without the trailing newline.
+std::string format_row(const ResultRow& row);
+
+// Appends the rows (normally all metrics of one cell) with a single write() followed by
+// fsync(), writing the header first when the file is new or empty. A kill at any moment
+// therefore leaves whole rows plus at most one partial last line. A partial last line
+// left by an earlier kill is cut off before appending so it cannot merge with new rows.
+// Throws kvevict::Error when the file cannot be written or has a different header.
+void append_rows_durably(const std::string& path, const std::vector<ResultRow>& rows);
+
+// Parses a results CSV. A trailing record without a final newline, or with the wrong
+// number of fields, is a torn write and is ignored; with repair = true the file is also
+// truncated to end after the last whole row. A wrong header or a malformed record
+// anywhere else throws kvevict::Error naming file:line.
+std::vector<ResultRow> read_results_csv(const std::string& path, bool repair = false);
+
+}  // namespace kvevict

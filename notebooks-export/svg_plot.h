@@ -1,0 +1,51 @@
+// Standalone SVG plots of result rows, drawn in plain C++ so that plots need no Python:
+// the metric against the cache budget (one line per policy) and the heavy-share ablation.
+// The notebook (notebook.cpp) draws the same figures with matplotlib.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "notebooks-export/results_csv.h"
+
+namespace kvevict {
+
+struct PlotPoint {
+  double x = 0;
+  double y = 0;
+  std::optional<double> error;  // standard error, drawn as an error bar
+};
+
+struct PlotSeries {
+  std::string label;  // the policy, plus the settings that tell lines apart
+  std::vector<PlotPoint> points;  // sorted by x; repeated x values are averaged
+  // A policy without a budget (the full cache) is drawn as a dashed horizontal line
+  // at points[0].y.
+  bool reference = false;
+};
+
+struct PlotSpec {
+  std::string task;
+  std::string metric;
+  std::string kind;      // "budget" or "heavy_share"
+  std::string x_column;  // "budget", "budget_tokens" or "heavy_share"
+  std::vector<PlotSeries> series;
+};
+
+// What to draw, derived from the rows. One budget plot per (task, metric) that has
+// budgeted rows; one heavy-share plot per (task, metric) where some policy was run at
+// several heavy shares with everything else fixed. Lines are split by any setting
+// (model, protocol, shots, heavy share, ...) that varies within the figure.
+std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows);
+std::vector<PlotSpec> heavy_share_plots(const std::vector<ResultRow>& rows);
+
+// The SVG document for one plot.
+std::string render_svg(const PlotSpec& plot);
+
+// Writes every budget and heavy-share plot into out_dir (created if missing) as
+// "<task>_<metric>_budget.svg" / "<task>_<metric>_heavy_share.svg" (names sanitised to
+// [A-Za-z0-9._-]) and returns the paths written.
+std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
+                                         const std::string& out_dir);
+
+}  // namespace kvevict
