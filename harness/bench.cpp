@@ -1,0 +1,216 @@
+// Benchmarks that print numbers. `kvevict bench` times model load, greedy generation
+// and a full-sequence forward; with --config it times the eviction hook itself:
+// sim-mode forwards under each policy and decode steps at a budget, each as a ratio
+// to full attention in the same run (absolute numbers vary between machines).
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "harness/attention.h"
+#include "harness/commands.h"
+#include "harness/errors.h"
+#include "harness/scorer.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best of `repeat` runs of fn, in seconds.
+template <typename Fn>
+double best_time(int repeat, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(3, vocab - 1);
+  std::vector<int> ids(n);
+  for (auto& id : ids) id = pick(rng);
+  return ids;
+}
+
+SequenceShape shape_of(const Model& model, int length, int prefill) {
+  SequenceShape s;
+  s.length = length;
+  s.prefill_len = prefill;
+  s.n_layers = static_cast<int>(model.arch().n_layers);
+  s.n_q_heads = static_cast<int>(model.arch().n_heads);
+  s.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
+  return s;
+}
+
+// Seconds per decode step after a prefill of `prefill` tokens (compressed to the
+// policy's budget), averaged over `steps` steps.
+double decode_step_seconds(const Model& model, const Policy& policy, const std::vector<int>& tokens,
+                           int prefill, int steps) {
+  CacheAttention cache(model, policy, shape_of(model, prefill, prefill));
+  model.forward(std::vector<int>(tokens.begin(), tokens.begin() + prefill), 0, cache);
+  auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);
+  return seconds_since(t0) / steps;
+}
+
+int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
+  const std::string model_dir = config.value("model", args.model);
+  auto t0 = Clock::now();
+  auto model = Model::load(model_dir, args.runtime.options);
+  const double load = seconds_since(t0);
+  const int T = config.value("tokens", 1024);
+  const int steps = config.value("decode_steps", 32);
+  const int repeat = config.value("repeat", args.repeat);
+  const double budget = config.value("budget", 0.2);
+  const auto policies = config.value("sim_policies", std::vector<std::string>{"h2o", "h2o-paper"});
+  const std::string decode_policy = config.value("decode_policy", std::string("h2o"));
+  auto tokens = random_tokens(T + steps, static_cast<int>(model->arch().vocab), 1);
+  std::vector<int> seq(tokens.begin(), tokens.begin() + T);
+
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "model " << model_dir << " (" << model->arch().model_type << ", " << model->arch().n_layers
+            << " layers, hidden " << model->arch().hidden << ", " << model->arch().n_heads << " heads)\n";
+  std::cout << "load_seconds " << load << "\n";
+  PolicyOptions none;
+  auto full = make_policy("full", none);
+  const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
+  std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim << "\n";
+  for (const auto& name : policies) {
+    PolicyOptions o;
+    if (name == "h2o-paper") {
+      o.budget.heavy_ratio = budget / 2;
+      o.budget.recent_ratio = budget / 2;
+    } else {
+      o.budget.ratio = budget;
+    }
+    auto policy = make_policy(name, o);
+    const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s
+              << " ratio_to_full " << s / full_sim << "\n";
+  }
+  const double full_step = best_time(repeat, [&] { decode_step_seconds(*model, *full, tokens, T, steps); });
+  const double full_per_step = decode_step_seconds(*model, *full, tokens, T, steps);
+  PolicyOptions o;
+  o.budget.ratio = budget;
+  auto evicting = make_policy(decode_policy, o);
+  double evict_per_step = 1e30;
+  for (int r = 0; r < std::max(1, repeat); ++r)
+    evict_per_step = std::min(evict_per_step, decode_step_seconds(*model, *evicting, tokens, T, steps));
+  (void)full_step;
+  std::cout << "decode_step full cache=" << T << " ms " << full_per_step * 1e3 << "\n";
+  std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_per_step * 1e3
+            << " ratio_to_full " << evict_per_step / full_per_step << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& args, const std::string&) {
+  if (!args.config.empty()) {
+    std::ifstream in(args.config);
+    if (!in) throw Error(args.config + ": cannot open benchmark config");
+    nlohmann::json config;
+    try {
+      config = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      throw Error(args.config + ": malformed JSON: " + e.what());
+    }
+    return bench_policies(args, config);
+  }
+  auto t0 = Clock::now();
+  auto model = Model::load(args.model, args.runtime.options);
+  const double load = seconds_since(t0);
+  PolicyOptions none;
+  auto full = make_policy("full", none);
+  const int vocab = static_cast<int>(model->arch().vocab);
+  std::vector<int> prompt = {model->arch().bos_token_id >= 0 ? model->arch().bos_token_id : 0};
+  GenerateOptions gen;
+  gen.max_new_tokens = args.new_tokens;
+  int generated = 0;
+  const double gen_s = best_time(args.repeat, [&] {
+    generated = static_cast<int>(generate(*model, *full, prompt, gen).tokens.size());
+  });
+  const int T = std::min<int>(args.tokens, static_cast<int>(model->arch().max_positions));
+  auto seq = random_tokens(T, vocab, 7);
+  const double fwd_s = best_time(args.repeat, [&] {
+    FullAttention attention;
+    model->forward(seq, 0, attention);
+  });
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "model " << args.model << "\n";
+  std::cout << "load_seconds " << load << "\n";
+  std::cout << "generate_tokens " << generated << " seconds " << gen_s << " tokens_per_s " << generated / gen_s << "\n";
+  std::cout << "forward_tokens " << T << " seconds " << fwd_s << " tokens_per_s " << T / fwd_s << "\n";
+  return 0;
+}
+
+// A random-weight LLaMA checkpoint in Hugging Face layout (config.json +
+// model.safetensors, F32), for speed and memory measurements only.
+int run_make_random_model(const RandomModelArgs& a) {
+  namespace fs = std::filesystem;
+  if (a.hidden % a.heads != 0 || a.heads % a.kv_heads != 0)
+    throw Error("make-random-model: hidden must divide by heads, heads by kv-heads");
+  fs::create_directories(a.out);
+  const int64_t D = a.hidden, hd = a.hidden / a.heads, kv = a.kv_heads * hd, I = a.intermediate;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {a.vocab, D}}};
+  for (int i = 0; i < a.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    tensors.push_back({p + "input_layernorm.weight", {D}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {D, D}});
+    tensors.push_back({p + "self_attn.k_proj.weight", {kv, D}});
+    tensors.push_back({p + "self_attn.v_proj.weight", {kv, D}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {D, D}});
+    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
+    tensors.push_back({p + "mlp.gate_proj.weight", {I, D}});
+    tensors.push_back({p + "mlp.up_proj.weight", {I, D}});
+    tensors.push_back({p + "mlp.down_proj.weight", {D, I}});
+  }
+  tensors.push_back({"model.norm.weight", {D}});
+  tensors.push_back({"lm_head.weight", {a.vocab, D}});
+
+  nlohmann::json header;
+  size_t offset = 0;
+  for (auto& [name, shape] : tensors) {
+    size_t n = 1;
+    for (auto d : shape) n *= d;
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + n * 4}}};
+    offset += n * 4;
+  }
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8) text += ' ';  // keep tensor data 8-byte aligned
+  std::ofstream out(fs::path(a.out) / "model.safetensors", std::ios::binary);
+  uint64_t len = text.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out.write(text.data(), text.size());
+  torch::manual_seed(a.seed);
+  for (auto& [name, shape] : tensors) {
+    bool is_norm = name.find("norm") != std::string::npos;
+    auto t = is_norm ? torch::ones(shape) : torch::randn(shape) * 0.02;
+    t = t.contiguous();
+    out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
+  }
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                           {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
+                           {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
+                           {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
+                           {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+                           {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
+                           {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
+  std::ofstream(fs::path(a.out) / "config.json") << config.dump(2) << "\n";
+  std::cout << "wrote " << a.out << " (" << offset / (1 << 20) << " MiB of F32 weights)\n";
+  return 0;
+}
+
+}  // namespace kvevict

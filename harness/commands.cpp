@@ -1,0 +1,108 @@
+#include "harness/commands.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "harness/errors.h"
+#include "harness/scorer.h"
+
+namespace kvevict {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<int> read_tokens_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open file");
+  std::vector<int> ids;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    std::istringstream words(line);
+    std::string word;
+    while (words >> word) {
+      try {
+        size_t used = 0;
+        int id = std::stoi(word, &used);
+        if (used != word.size() || id < 0) throw std::invalid_argument(word);
+        ids.push_back(id);
+      } catch (const std::exception&) {
+        throw Error(path + ":" + std::to_string(line_no) + ": \"" + word + "\" is not a token id");
+      }
+    }
+  }
+  return ids;
+}
+
+int run_generate(const GenerateArgs& args) {
+  auto model = Model::load(args.model, args.runtime.options);
+  auto policy = args.policy.make();
+  std::vector<int> prompt = model->encode(args.prompt, true);
+  if (prompt.empty()) throw Error("the prompt is empty and the model has no BOS token to start from");
+  GenerateOptions options;
+  options.max_new_tokens = args.max_new_tokens;
+  options.temperature = args.temperature;
+  options.seed = args.seed;
+  options.stream = args.stream;
+  Generation out = generate(*model, *policy, prompt, options);
+  std::cout << args.prompt << out.text << std::endl;
+  return 0;
+}
+
+int run_perplexity(const PerplexityArgs& args) {
+  auto model = Model::load(args.model, args.runtime.options);
+  auto policy = args.policy.make();
+  std::vector<int> tokens;
+  if (!args.tokens_file.empty()) {
+    tokens = read_tokens_file(args.tokens_file);
+  } else {
+    tokens = model->encode(read_file(args.text_file), true);
+  }
+  if (args.max_tokens > 0 && static_cast<int>(tokens.size()) > args.max_tokens) tokens.resize(args.max_tokens);
+  if (tokens.size() < 2) throw Error("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
+  auto t0 = std::chrono::steady_clock::now();
+  SequenceScore score = score_sequence(*model, *policy, parse_mode(args.mode), tokens, args.prefill);
+  double seconds = seconds_since(t0);
+  double total = 0;
+  for (double lp : score.next_token_logprob) total -= lp;
+  const double mean_nll = total / score.next_token_logprob.size();
+  if (args.format == "json") {
+    nlohmann::json j;
+    j["tokens"] = tokens.size();
+    j["mean_nll"] = mean_nll;
+    j["ppl"] = std::exp(mean_nll);
+    j["policy"] = policy->name();
+    j["mode"] = args.mode;
+    j["kv_tokens_kept"] = score.kv.kept_per_layer;
+    j["kv_tokens_max"] = score.kv.max_per_layer;
+    j["kv_bytes_peak"] = score.kv.peak_bytes;
+    j["seconds"] = seconds;
+    if (args.per_token) j["next_token_logprob"] = score.next_token_logprob;
+    std::cout << j.dump() << std::endl;
+  } else if (args.format == "text") {
+    std::cout << "tokens " << tokens.size() << "\nmean_nll " << std::setprecision(8) << mean_nll
+              << "\nppl " << std::exp(mean_nll) << "\nkv_bytes_peak " << score.kv.peak_bytes << std::endl;
+  } else {
+    throw Error("unknown --format \"" + args.format + "\" (use json or text)");
+  }
+  return 0;
+}
+
+}  // namespace kvevict

@@ -1,0 +1,227 @@
+#include "harness/evaluator.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "harness/errors.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+
+Protocol parse_protocol(const std::string& name) {
+  if (name == "stream") return Protocol::Stream;
+  if (name == "prefill-compress") return Protocol::PrefillCompress;
+  throw Error("unknown protocol \"" + name + "\" (use stream or prefill-compress)");
+}
+std::string protocol_name(Protocol p) { return p == Protocol::Stream ? "stream" : "prefill-compress"; }
+
+ScoreMode parse_score_mode(const std::string& name) {
+  if (name == "sum") return ScoreMode::Sum;
+  if (name == "mean") return ScoreMode::Mean;
+  throw Error("unknown score \"" + name + "\" (use sum or mean)");
+}
+std::string score_mode_name(ScoreMode m) { return m == ScoreMode::Sum ? "sum" : "mean"; }
+
+namespace {
+
+struct Usage {
+  double kept_sum = 0;
+  int requests = 0;
+  int64_t peak = 0;
+  void add(const KvStats& kv) {
+    double mean = 0;
+    for (int k : kv.kept_per_layer) mean += k;
+    kept_sum += kv.kept_per_layer.empty() ? 0 : mean / kv.kept_per_layer.size();
+    ++requests;
+    peak = std::max(peak, kv.peak_bytes);
+  }
+};
+
+// lm-eval 0.3 loglikelihood: context and continuation encoded separately, one pass
+// over (ctx+cont)[-(max_length+1):][:-1], the continuation's log-probs summed.
+LoglikelihoodResult score_request(const Model& model, const Policy& policy, const EvalConfig& config,
+                                  const LoglikelihoodRequest& request, bool bos, Usage* usage) {
+  const Tokenizer& tokenizer = model.require_tokenizer();
+  std::vector<int> context = model.encode(request.context, bos);
+  std::vector<int> continuation = tokenizer.encode(request.continuation);
+  if (continuation.empty()) throw Error("continuation \"" + request.continuation + "\" encodes to no tokens");
+  if (context.empty()) {
+    // lm-eval scores an empty context after the end-of-text token.
+    const int eot = model.arch().eos_token_id >= 0 ? model.arch().eos_token_id : model.arch().bos_token_id;
+    context.push_back(eot);
+  }
+  std::vector<int> whole = context;
+  whole.insert(whole.end(), continuation.begin(), continuation.end());
+  if (static_cast<int>(whole.size()) > config.max_length + 1)
+    whole.erase(whole.begin(), whole.end() - (config.max_length + 1));
+  std::vector<int> input(whole.begin(), whole.end() - 1);
+  const int n_cont = static_cast<int>(continuation.size());
+  const int n_ctx = static_cast<int>(input.size()) - n_cont + 1;  // input tokens before the first scored one
+  int prefill = 0, budget_length = 0;
+  if (config.protocol == Protocol::PrefillCompress) {
+    prefill = std::max(1, n_ctx);
+    budget_length = prefill;
+  }
+  SequenceScore score = score_sequence(model, policy, config.mode, input, prefill, budget_length);
+  usage->add(score.kv);
+  LoglikelihoodResult result;
+  result.num_tokens = n_cont;
+  result.is_greedy = true;
+  // Log-prob of whole[i+1] given whole[..i] is next_token_logprob[i]; the continuation
+  // occupies the last n_cont positions of `whole`.
+  const int first = static_cast<int>(whole.size()) - n_cont;
+  for (int j = first; j < static_cast<int>(whole.size()); ++j) {
+    result.sum_logprob += score.next_token_logprob[j - 1];
+    if (score.argmax[j - 1] != whole[j]) result.is_greedy = false;
+  }
+  return result;
+}
+
+EvalResult run(const Model& model, const EvalConfig& config, const Progress& progress) {
+  auto started = std::chrono::steady_clock::now();
+  auto task = make_task(config.task);
+  auto policy = make_policy(config.policy, config.policy_options);
+  EvalResult result;
+  Usage usage;
+
+  if (task->kind() == TaskKind::MultipleChoice) {
+    const bool bos = config.bos.value_or(false);
+    auto docs = task->multiple_choice_docs(config.task_options);
+    std::vector<ChoicePrediction> predictions;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      std::vector<LoglikelihoodResult> answers;
+      for (const auto& request : docs[d].requests)
+        answers.push_back(score_request(model, *policy, config, request, bos, &usage));
+      DocOutcome outcome;
+      outcome.id = docs[d].id;
+      outcome.gold = docs[d].gold;
+      outcome.prediction = predict_choice(docs[d], answers, config.score);
+      for (const auto& a : answers) outcome.choice_scores.push_back(choice_score(a, config.score));
+      predictions.push_back(outcome.prediction);
+      result.docs.push_back(outcome);
+      if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
+    }
+    result.metrics = multiple_choice_metrics(docs, predictions, task->metric_names());
+    result.n = static_cast<int>(docs.size());
+  } else if (task->kind() == TaskKind::Generation) {
+    const bool bos = config.bos.value_or(true);
+    auto docs = task->generation_docs(config.task_options);
+    std::vector<double> r1, r2, rl;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      std::vector<int> prompt = model.encode(docs[d].prompt, bos);
+      const int room = config.max_length - docs[d].max_new_tokens;
+      if (room < 1) throw Error("--max-length " + std::to_string(config.max_length) + " leaves no room for the prompt");
+      if (static_cast<int>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
+      GenerateOptions options;
+      options.max_new_tokens = docs[d].max_new_tokens;
+      options.stop = docs[d].stop;
+      options.temperature = config.temperature;
+      options.seed = config.sample_seed + d;
+      options.stream = config.protocol == Protocol::Stream;
+      if (config.mode == Mode::Sim && !policy->realisable())
+        throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
+      Generation generation = generate(model, *policy, prompt, options);
+      usage.add(generation.kv);
+      DocOutcome outcome;
+      outcome.id = docs[d].id;
+      outcome.generated = generation.text;
+      outcome.reference = docs[d].reference;
+      outcome.rouge = rouge_scores(docs[d].reference, generation.text);
+      r1.push_back(100 * outcome.rouge.rouge1);
+      r2.push_back(100 * outcome.rouge.rouge2);
+      rl.push_back(100 * outcome.rouge.rougeL);
+      result.docs.push_back(outcome);
+      if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
+    }
+    result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
+    result.n = static_cast<int>(docs.size());
+  } else {
+    std::ifstream in(config.task_options.data_dir + "/" + config.text_file, std::ios::binary);
+    if (!in) throw Error(config.task_options.data_dir + "/" + config.text_file + ": missing text file");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<int> tokens = model.encode(text, config.bos.value_or(true));
+    if (static_cast<int>(tokens.size()) > config.max_length) tokens.resize(config.max_length);
+    const int prefill = config.protocol == Protocol::PrefillCompress ? static_cast<int>(tokens.size()) / 2 : 0;
+    SequenceScore score = score_sequence(model, *policy, config.mode, tokens, prefill, prefill);
+    usage.add(score.kv);
+    std::vector<double> nll;
+    for (size_t i = std::max(0, prefill - 1); i < score.next_token_logprob.size(); ++i)
+      nll.push_back(-score.next_token_logprob[i]);
+    MetricValue mean = mean_metric("mean_nll", nll);
+    result.metrics = {mean, MetricValue{"ppl", std::exp(mean.value), 0, mean.n}};
+    result.n = mean.n;
+    if (progress) progress(1, 1);
+  }
+  result.kv_tokens_kept = usage.requests ? usage.kept_sum / usage.requests : 0;
+  result.kv_bytes_peak = usage.peak;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+}  // namespace
+
+EvalResult evaluate(const Model& model, const EvalConfig& config, const Progress& progress,
+                    std::optional<EvalResult>* full_cache) {
+  EvalResult result = run(model, config, progress);
+  if (config.policy == "full" || !config.compare_with_full) return result;
+  std::optional<EvalResult> local;
+  std::optional<EvalResult>& full = full_cache ? *full_cache : local;
+  if (!full) {
+    EvalConfig reference = config;
+    reference.policy = "full";
+    reference.policy_options = PolicyOptions{};
+    full = run(model, reference, {});
+  }
+  const auto& a = result.docs;
+  const auto& b = full->docs;
+  if (a.size() != b.size()) throw Error("internal: full-cache reference has a different document count");
+  int same = 0;
+  double change = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (make_task(config.task)->kind() == TaskKind::MultipleChoice) {
+      same += a[i].prediction.predicted == b[i].prediction.predicted;
+      change += std::abs(a[i].prediction.chosen_loglikelihood - b[i].prediction.chosen_loglikelihood);
+    } else {
+      same += a[i].generated == b[i].generated;
+    }
+  }
+  if (!a.empty()) {
+    result.agreement_with_full = static_cast<double>(same) / a.size();
+    if (make_task(config.task)->kind() == TaskKind::MultipleChoice) result.mean_abs_ll_change = change / a.size();
+  }
+  if (make_task(config.task)->kind() == TaskKind::Perplexity) {
+    // For perplexity, "agreement" is the NLL increase over the full cache.
+    result.agreement_with_full.reset();
+    result.mean_abs_ll_change = result.metrics[0].value - full->metrics[0].value;
+  }
+  return result;
+}
+
+void write_predictions(const EvalResult& result, const EvalConfig& config, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw Error(path + ": cannot write predictions");
+  for (const auto& d : result.docs) {
+    nlohmann::json j;
+    j["task"] = config.task;
+    j["policy"] = config.policy;
+    j["id"] = d.id;
+    if (d.gold >= 0) {
+      j["gold"] = d.gold;
+      j["predicted"] = d.prediction.predicted;
+      j["predicted_norm"] = d.prediction.predicted_norm;
+      j["scores"] = d.choice_scores;
+      j["chosen_loglikelihood"] = d.prediction.chosen_loglikelihood;
+    } else {
+      j["prediction"] = d.generated;
+      j["reference"] = d.reference;
+      j["rouge1"] = d.rouge.rouge1;
+      j["rouge2"] = d.rouge.rouge2;
+      j["rougeL"] = d.rouge.rougeL;
+    }
+    out << j.dump() << "\n";
+  }
+}
+
+}  // namespace kvevict

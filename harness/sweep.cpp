@@ -1,0 +1,403 @@
+#include "harness/sweep.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "harness/data_dir.h"
+#include "harness/errors.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+namespace fs = std::filesystem;
+
+std::string kvevict_version() { return std::string(KVEVICT_VERSION) + "+" + KVEVICT_GIT_SHA; }
+
+void add_sweep_flags(CLI::App& app, SweepArgs& args) {
+  app.add_option("config", args.config, "sweep config JSON (see configs/)")->required();
+  app.add_option("--out", args.out, "output folder (results.csv, config.json, predictions/)")->required();
+  app.add_option("--shard", args.shard, "run shard i of N (\"i/N\", 0 <= i < N)");
+  app.add_option("--model", args.model, "replace the config's models with this one");
+  app.add_option("--limit", args.limit, "replace the config's per-task document limit (-1: all)");
+}
+
+std::pair<int, int> parse_shard(const std::string& text) {
+  int i = -1, n = -1;
+  char slash = 0;
+  std::istringstream in(text);
+  if (!(in >> i >> slash >> n) || slash != '/' || n < 1 || i < 0 || i >= n || !in.eof())
+    throw Error("--shard \"" + text + "\" must be i/N with 0 <= i < N");
+  return {i, n};
+}
+
+namespace {
+
+// Identity columns: a cell is finished when results.csv holds rows with its key.
+const std::vector<std::string> kIdentityColumns = {"model", "task", "policy", "budget", "budget_tokens",
+                                                   "heavy_share", "protocol", "mode", "score", "shots",
+                                                   "seed", "limit"};
+
+// Policies whose budget has no heavy/recent split.
+bool uses_heavy_share(const std::string& policy) {
+  return policy != "full" && policy != "local" && policy != "streamingllm";
+}
+
+ResultRow identity_row(const std::string& model, const EvalConfig& c) {
+  ResultRow row;
+  row.model = model;
+  row.task = c.task;
+  row.policy = c.policy;
+  const BudgetSpec& b = c.policy_options.budget;
+  if (c.policy != "full") {
+    if (b.ratio > 0) row.budget = b.ratio;
+    if (b.tokens > 0) row.budget_tokens = b.tokens;
+    if (b.heavy_share >= 0) row.heavy_share = b.heavy_share;
+    if (b.ratio > 0) {
+      double share = b.heavy_share >= 0 ? b.heavy_share : make_policy(c.policy, c.policy_options)->default_heavy_share();
+      if (!uses_heavy_share(c.policy)) share = 0;
+      row.heavy_ratio = b.ratio * share;
+      row.recent_ratio = b.ratio * (1 - share);
+    }
+  }
+  row.protocol = protocol_name(c.protocol);
+  row.mode = mode_name(c.mode);
+  row.score = score_mode_name(c.score);
+  row.shots = c.task_options.shots;
+  row.seed = c.task_options.seed;
+  if (c.task_options.limit >= 0) row.limit = c.task_options.limit;
+  row.version = kvevict_version();
+  return row;
+}
+
+template <typename T>
+std::vector<T> axis(const nlohmann::json& config, const std::string& path, const std::string& key,
+                    std::vector<T> fallback) {
+  if (!config.contains(key)) return fallback;
+  const auto& v = config[key];
+  try {
+    if (v.is_array()) {
+      auto out = v.get<std::vector<T>>();
+      if (out.empty()) throw Error("empty list");
+      return out;
+    }
+    return {v.get<T>()};
+  } catch (const std::exception& e) {
+    throw Error(path + ": key \"" + key + "\" has the wrong type (" + e.what() + ")");
+  }
+}
+
+}  // namespace
+
+std::string row_cell_key(const ResultRow& row) {
+  auto fields = row.fields();
+  std::string key;
+  for (const auto& c : kIdentityColumns) key += fields[c] + "|";
+  return key;
+}
+
+std::string SweepCell::key() const { return row_cell_key(identity_row(model, eval)); }
+
+SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
+  if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
+  static const std::set<std::string> known = {
+      "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
+      "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
+      "predictions", "note", "temperature", "file_order"};
+  for (auto& [key, _] : config.items())
+    if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
+  SweepPlan plan;
+  plan.config = config;
+  auto models = axis<std::string>(config, path, "models", {"models/stories260K-hf"});
+  auto tasks = axis<std::string>(config, path, "tasks", {});
+  if (tasks.empty()) throw Error(path + ": \"tasks\" is required");
+  for (const auto& t : tasks) make_task(t);  // unknown task fails here, naming the known ones
+  auto policies = axis<std::string>(config, path, "policies", {"full"});
+  auto budgets = axis<double>(config, path, "budgets", {});
+  auto budget_tokens = axis<int>(config, path, "budget_tokens", {});
+  auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
+  auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
+  auto shots = axis<int>(config, path, "shots", {0});
+  auto seeds = axis<int>(config, path, "seeds", {42});
+  const int limit = config.value("limit", -1);
+  for (double b : budgets)
+    if (b <= 0 || b > 1) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
+  for (double s : shares)
+    if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
+
+  PolicyOptions base_options;
+  if (config.contains("policy_options")) {
+    const auto& po = config["policy_options"];
+    base_options.n_sink = po.value("n_sink", base_options.n_sink);
+    base_options.window = po.value("window", base_options.window);
+    base_options.kernel = po.value("kernel", base_options.kernel);
+    base_options.pooling = po.value("pooling", base_options.pooling);
+    base_options.group_reduce = po.value("group_reduce", base_options.group_reduce);
+  }
+  struct BudgetChoice {
+    double ratio = -1;
+    int tokens = -1;
+  };
+  std::vector<BudgetChoice> budget_choices;
+  for (double b : budgets) budget_choices.push_back({b, -1});
+  for (int t : budget_tokens) budget_choices.push_back({-1, t});
+
+  for (const auto& model : models)
+    for (const auto& task : tasks)
+      for (const auto& protocol : protocols)
+        for (int shot : shots)
+          for (int seed : seeds)
+            for (const auto& policy : policies) {
+              make_policy(policy, base_options);  // unknown policy fails here
+              std::vector<std::pair<BudgetChoice, double>> variants;
+              if (policy == "full") {
+                variants.push_back({{}, -1});
+              } else {
+                if (budget_choices.empty())
+                  throw Error(path + ": policy " + policy + " needs \"budgets\" or \"budget_tokens\"");
+                for (const auto& b : budget_choices) {
+                  if (uses_heavy_share(policy))
+                    for (double s : shares) variants.push_back({b, s});
+                  else
+                    variants.push_back({b, -1});
+                }
+              }
+              for (const auto& [b, share] : variants) {
+                SweepCell cell;
+                cell.model = model;
+                EvalConfig& e = cell.eval;
+                e.task = task;
+                e.task_options.data_dir = data_dir;
+                e.task_options.shots = shot;
+                e.task_options.seed = seed;
+                e.task_options.limit = limit;
+                e.task_options.lm_eval_shuffle = !config.value("file_order", false);
+                e.policy = policy;
+                e.policy_options = base_options;
+                e.policy_options.seed = static_cast<uint64_t>(seed);
+                e.policy_options.budget.ratio = b.ratio;
+                e.policy_options.budget.tokens = b.tokens;
+                e.policy_options.budget.heavy_share = share;
+                e.mode = parse_mode(config.value("mode", std::string("sim")));
+                e.protocol = parse_protocol(protocol);
+                e.score = parse_score_mode(config.value("score", std::string("sum")));
+                e.max_length = config.value("max_length", 1024);
+                e.temperature = config.value("temperature", 0.0);
+                e.sample_seed = static_cast<uint64_t>(seed);
+                if (config.contains("bos")) e.bos = config["bos"].get<bool>();
+                plan.cells.push_back(cell);
+              }
+            }
+  return plan;
+}
+
+std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& config, const EvalResult& result) {
+  std::vector<ResultRow> rows;
+  for (const auto& m : result.metrics) {
+    ResultRow row = identity_row(model, config);
+    row.metric = m.name;
+    row.value = m.value;
+    row.stderr_ = m.stderr_;
+    row.n = m.n;
+    if (result.agreement_with_full) row.agreement_with_full = *result.agreement_with_full;
+    if (result.mean_abs_ll_change) row.mean_abs_ll_change = *result.mean_abs_ll_change;
+    row.kv_tokens_kept = result.kv_tokens_kept;
+    row.kv_bytes_peak = result.kv_bytes_peak;
+    row.seconds = result.seconds;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+namespace {
+
+// Progress on stderr: a live line on a terminal, plain lines otherwise.
+class ProgressReporter {
+ public:
+  ProgressReporter(int total_cells) : total_(total_cells), tty_(isatty(STDERR_FILENO)) {}
+  void start_cell(int index, const std::string& label) {
+    index_ = index;
+    label_ = label;
+    started_ = std::chrono::steady_clock::now();
+    last_print_ = started_;
+    if (!tty_) std::cerr << "[" << index_ << "/" << total_ << "] " << label_ << std::endl;
+  }
+  void examples(int done, int total) {
+    auto now = std::chrono::steady_clock::now();
+    double elapsed = std::chrono::duration<double>(now - started_).count();
+    double rate = elapsed > 0 ? done / elapsed : 0;
+    double eta = rate > 0 ? (total - done) / rate : 0;
+    std::ostringstream line;
+    line << "[" << index_ << "/" << total_ << "] " << label_ << "  examples " << done << "/" << total << "  "
+         << std::fixed << std::setprecision(1) << rate << "/s  ETA " << static_cast<int>(eta) << "s";
+    if (tty_) {
+      std::cerr << "\r\033[K" << line.str() << std::flush;
+    } else if (done == total || std::chrono::duration<double>(now - last_print_).count() > 10) {
+      std::cerr << line.str() << std::endl;
+      last_print_ = now;
+    }
+  }
+  void end_cell() {
+    if (tty_) std::cerr << std::endl;
+  }
+
+ private:
+  int total_, index_ = 0;
+  bool tty_;
+  std::string label_;
+  std::chrono::steady_clock::time_point started_, last_print_;
+};
+
+std::string cell_label(const SweepCell& cell) {
+  const auto row = identity_row(cell.model, cell.eval);
+  auto f = row.fields();
+  std::string label = "task=" + f["task"] + " policy=" + f["policy"];
+  if (!f["budget"].empty()) label += " budget=" + f["budget"];
+  if (!f["budget_tokens"].empty()) label += " budget_tokens=" + f["budget_tokens"];
+  if (!f["heavy_share"].empty()) label += " heavy_share=" + f["heavy_share"];
+  label += " protocol=" + f["protocol"] + " shots=" + f["shots"] + " seed=" + f["seed"];
+  return label;
+}
+
+std::string sanitize(std::string s) {
+  for (auto& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  return s;
+}
+
+std::string resolve_model(const std::string& model, const std::string& data_override) {
+  if (fs::path(model).is_absolute() || fs::exists(model)) return model;
+  return data_path(model, data_override);
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open file");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(path + ": malformed JSON: " + e.what());
+  }
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j) {
+  std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << j.dump(2) << "\n";
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+int run_sweep(const SweepArgs& args, const std::string& data_override) {
+  nlohmann::json config = read_json_file(args.config);
+  if (!args.model.empty()) config["models"] = nlohmann::json::array({args.model});
+  if (args.limit != -2) config["limit"] = args.limit;
+  SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
+  int shard_index = 0, shard_count = 1;
+  if (!args.shard.empty()) std::tie(shard_index, shard_count) = parse_shard(args.shard);
+
+  fs::create_directories(args.out);
+  const std::string config_path = (fs::path(args.out) / "config.json").string();
+  nlohmann::json record = {{"config", plan.config}, {"shard", {shard_index, shard_count}}, {"cells", nlohmann::json::array()}};
+  for (size_t i = 0; i < plan.cells.size(); ++i)
+    if (static_cast<int>(i % shard_count) == shard_index) record["cells"].push_back(plan.cells[i].key());
+  if (fs::exists(config_path)) {
+    auto previous = read_json_file(config_path);
+    if (previous["config"] != record["config"] || previous["shard"] != record["shard"])
+      throw Error(config_path + ": this folder holds a different sweep config or shard; use another --out");
+  }
+  write_json_file(config_path, record);
+
+  const std::string csv = (fs::path(args.out) / "results.csv").string();
+  std::set<std::string> finished;
+  if (fs::exists(csv))
+    for (const auto& row : read_results_csv(csv, /*repair=*/true)) finished.insert(row_cell_key(row));
+
+  std::vector<const SweepCell*> todo;
+  int mine = 0;
+  for (size_t i = 0; i < plan.cells.size(); ++i) {
+    if (static_cast<int>(i % shard_count) != shard_index) continue;
+    ++mine;
+    if (!finished.count(plan.cells[i].key())) todo.push_back(&plan.cells[i]);
+  }
+  std::cerr << "sweep " << plan.cells.size() << " cells, this shard " << mine << ", already done "
+            << mine - todo.size() << ", to run " << todo.size() << std::endl;
+
+  const bool predictions = config.value("predictions", false);
+  if (predictions) fs::create_directories(fs::path(args.out) / "predictions");
+  std::map<std::string, std::unique_ptr<Model>> models;  // loaded once per process
+  std::map<std::string, std::optional<EvalResult>> full_runs;
+  ProgressReporter progress(static_cast<int>(todo.size()));
+  int index = 0;
+  for (const SweepCell* cell : todo) {
+    progress.start_cell(++index, cell_label(*cell));
+    auto& model = models[cell->model];
+    if (!model) model = Model::load(resolve_model(cell->model, data_override));
+    // Full-cache reference runs are shared by every policy cell with the same task settings.
+    std::string full_key = cell->model + "|" + cell->eval.task + "|" + std::to_string(cell->eval.task_options.shots) +
+                           "|" + std::to_string(cell->eval.task_options.seed) + "|" + score_mode_name(cell->eval.score) +
+                           "|" + protocol_name(cell->eval.protocol);
+    EvalResult result = evaluate(*model, cell->eval, [&](int d, int t) { progress.examples(d, t); }, &full_runs[full_key]);
+    if (cell->eval.policy == "full" && !full_runs[full_key]) full_runs[full_key] = result;
+    progress.end_cell();
+    if (predictions)
+      write_predictions(result, cell->eval,
+                        (fs::path(args.out) / "predictions" / (sanitize(cell->key()) + ".jsonl")).string());
+    append_rows_durably(csv, eval_rows(cell->model, cell->eval, result));
+  }
+  std::cerr << "sweep done: " << csv << std::endl;
+  return 0;
+}
+
+int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
+  if (dirs.empty()) throw Error("merge needs at least one folder");
+  nlohmann::json config;
+  std::set<int> shards_seen;
+  int shard_count = -1;
+  std::vector<ResultRow> rows;
+  std::set<std::string> seen;
+  for (const auto& dir : dirs) {
+    const std::string path = (fs::path(dir) / "config.json").string();
+    auto record = read_json_file(path);
+    if (config.is_null()) config = record["config"];
+    else if (record["config"] != config)
+      throw Error(path + ": its sweep config differs from " + dirs[0] + "'s; refusing to merge");
+    int count = record["shard"][1].get<int>();
+    if (shard_count >= 0 && count != shard_count)
+      throw Error(path + ": shard count " + std::to_string(count) + " differs from " + std::to_string(shard_count));
+    shard_count = count;
+    if (!shards_seen.insert(record["shard"][0].get<int>()).second)
+      throw Error(path + ": shard " + record["shard"][0].dump() + " appears twice");
+    for (auto& row : read_results_csv((fs::path(dir) / "results.csv").string())) {
+      std::string key = row_cell_key(row) + row.metric;
+      if (seen.insert(key).second) rows.push_back(row);
+    }
+  }
+  if (static_cast<int>(shards_seen.size()) != shard_count)
+    std::cerr << "warning: merged " << shards_seen.size() << " of " << shard_count << " shards" << std::endl;
+  fs::create_directories(out);
+  const std::string csv = (fs::path(out) / "results.csv").string();
+  if (fs::exists(csv)) throw Error(csv + ": already exists; merge into an empty folder");
+  // Rows keep the unsharded run's cell order.
+  SweepPlan plan = expand_sweep(config, "merged config", "");
+  std::map<std::string, size_t> order;
+  for (size_t i = 0; i < plan.cells.size(); ++i) order[plan.cells[i].key()] = i;
+  std::stable_sort(rows.begin(), rows.end(), [&](const ResultRow& a, const ResultRow& b) {
+    return order[row_cell_key(a)] < order[row_cell_key(b)];
+  });
+  append_rows_durably(csv, rows);
+  nlohmann::json record = {{"config", config}, {"shard", {0, 1}}, {"merged_from", dirs}, {"cells", nlohmann::json::array()}};
+  for (const auto& c : plan.cells) record["cells"].push_back(c.key());
+  write_json_file((fs::path(out) / "config.json").string(), record);
+  std::cerr << "merged " << rows.size() << " rows into " << csv << std::endl;
+  return 0;
+}
+
+}  // namespace kvevict

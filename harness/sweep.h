@@ -1,0 +1,52 @@
+// The sweep driver: expands a grid (models x tasks x policies x budgets x heavy
+// shares x protocols x shots x seeds) into cells, runs each cell once, and appends
+// its metric rows to DIR/results.csv durably, so a rerun resumes and a kill loses no
+// finished cell. Shards split the cells deterministically; merge joins shard folders.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/evaluator.h"
+#include "notebooks-export/results_csv.h"
+
+namespace kvevict {
+
+struct SweepArgs {
+  std::string config, out, shard, model;
+  int limit = -2;  // -2: as the config says
+};
+void add_sweep_flags(CLI::App& app, SweepArgs& args);
+
+// One cell of the grid.
+struct SweepCell {
+  std::string model;  // as written in the config (resolved when run)
+  EvalConfig eval;
+  std::string key() const;  // identity of the cell in results.csv
+};
+
+struct SweepPlan {
+  nlohmann::json config;         // the config as given (with overrides applied)
+  std::vector<SweepCell> cells;  // in a fixed order
+};
+
+// Expands a sweep config; throws kvevict::Error naming the config file and key.
+SweepPlan expand_sweep(const nlohmann::json& config, const std::string& config_path,
+                       const std::string& data_dir);
+
+// Parses "i/N" (0 <= i < N).
+std::pair<int, int> parse_shard(const std::string& text);
+
+// The tidy rows of one evaluation.
+std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& config, const EvalResult& result);
+// The identity of the cell a row belongs to (same as SweepCell::key()).
+std::string row_cell_key(const ResultRow& row);
+
+int run_sweep(const SweepArgs& args, const std::string& data_override);
+int run_merge(const std::vector<std::string>& dirs, const std::string& out);
+
+std::string kvevict_version();
+
+}  // namespace kvevict
