@@ -64,13 +64,13 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
     prefill = std::max(1, n_ctx);
     budget_length = prefill;
   }
-  SequenceScore score = score_sequence(model, policy, config.mode, input, prefill, budget_length);
+  SequenceScore score = score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back());
   usage->add(score.kv);
   LoglikelihoodResult result;
   result.num_tokens = n_cont;
   result.is_greedy = true;
-  // Log-prob of whole[i+1] given whole[..i] is next_token_logprob[i]; the continuation
-  // occupies the last n_cont positions of `whole`.
+  // Log-prob of whole[i+1] given whole[..i] is next_token_logprob[i] (the last one from
+  // final_target); the continuation occupies the last n_cont positions of `whole`.
   const int first = static_cast<int>(whole.size()) - n_cont;
   for (int j = first; j < static_cast<int>(whole.size()); ++j) {
     result.sum_logprob += score.next_token_logprob[j - 1];
@@ -162,10 +162,15 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
 
 }  // namespace
 
-EvalResult evaluate(const Model& model, const EvalConfig& config, const Progress& progress,
+EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progress& progress,
                     std::optional<EvalResult>* full_cache) {
+  // Requests never exceed the model's context, as lm-eval's max_length.
+  EvalConfig config = requested;
+  config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
   EvalResult result = run(model, config, progress);
-  if (config.policy == "full" || !config.compare_with_full) return result;
+  if (config.policy == "full" || !config.compare_with_full ||
+      make_task(config.task)->kind() == TaskKind::Perplexity)
+    return result;
   std::optional<EvalResult> local;
   std::optional<EvalResult>& full = full_cache ? *full_cache : local;
   if (!full) {
@@ -190,11 +195,6 @@ EvalResult evaluate(const Model& model, const EvalConfig& config, const Progress
   if (!a.empty()) {
     result.agreement_with_full = static_cast<double>(same) / a.size();
     if (make_task(config.task)->kind() == TaskKind::MultipleChoice) result.mean_abs_ll_change = change / a.size();
-  }
-  if (make_task(config.task)->kind() == TaskKind::Perplexity) {
-    // For perplexity, "agreement" is the NLL increase over the full cache.
-    result.agreement_with_full.reset();
-    result.mean_abs_ll_change = result.metrics[0].value - full->metrics[0].value;
   }
   return result;
 }

@@ -31,7 +31,7 @@ struct EvalConfig {
   Protocol protocol = Protocol::Stream;
   ScoreMode score = ScoreMode::Sum;
   std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
-  int max_length = 1024;     // left truncation, as lm-eval
+  int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
   double temperature = 0;    // XSum: 0 is greedy
   uint64_t sample_seed = 0;
   std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir

@@ -25,7 +25,8 @@ static SequenceShape shape_for(const Model& model, int length, int prefill_len) 
 }
 
 SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
-                             const std::vector<int>& tokens, int prefill_len, int budget_length) {
+                             const std::vector<int>& tokens, int prefill_len, int budget_length,
+                             int final_target) {
   if (tokens.empty()) throw Error("nothing to score: the token sequence is empty");
   const int T = static_cast<int>(tokens.size());
   SequenceShape shape = shape_for(model, budget_length > 0 ? budget_length : T, prefill_len);
@@ -61,6 +62,7 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
   auto acc = logprobs.accessor<double, 2>();
   result.next_token_logprob.resize(T - 1);
   for (int i = 0; i + 1 < T; ++i) result.next_token_logprob[i] = acc[i][tokens[i + 1]];
+  if (final_target >= 0) result.next_token_logprob.push_back(acc[T - 1][final_target]);
   return result;
 }
 

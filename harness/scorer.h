@@ -21,10 +21,12 @@ struct SequenceScore {
 
 // Teacher-forced log-probs of `tokens`. The first `prefill_len` tokens run with full
 // attention (0: eviction from the first token, the "stream" protocol). Ratio budgets
-// refer to `budget_length` tokens (0: the whole sequence).
+// refer to `budget_length` tokens (0: the whole sequence). With `final_target` >= 0,
+// next_token_logprob gains a last entry: log p(final_target | all tokens), as lm-eval
+// scores a continuation's last token from (ctx+cont)[:-1].
 SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
                              const std::vector<int>& tokens, int prefill_len = 0,
-                             int budget_length = 0);
+                             int budget_length = 0, int final_target = -1);
 
 struct GenerateOptions {
   int max_new_tokens = 64;

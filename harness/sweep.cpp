@@ -126,7 +126,17 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
   auto shots = axis<int>(config, path, "shots", {0});
   auto seeds = axis<int>(config, path, "seeds", {42});
-  const int limit = config.value("limit", -1);
+  // "limit": N for every task, or {"xsum": 5, "*": 100} per task.
+  auto limit_for = [&](const std::string& task) {
+    if (!config.contains("limit")) return -1;
+    const auto& l = config["limit"];
+    if (l.is_number_integer()) return l.get<int>();
+    if (l.is_object()) {
+      if (l.contains(task)) return l[task].get<int>();
+      return l.value("*", -1);
+    }
+    throw Error(path + ": \"limit\" must be an integer or an object of task -> integer");
+  };
   for (double b : budgets)
     if (b <= 0 || b > 1) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
   for (double s : shares)
@@ -169,6 +179,12 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                     variants.push_back({b, -1});
                 }
               }
+              // A sim-only policy cannot generate: there is no XSum cell for it.
+              if (!make_policy(policy, base_options)->realisable() &&
+                  make_task(task)->kind() == TaskKind::Generation) {
+                plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");
+                continue;
+              }
               for (const auto& [b, share] : variants) {
                 SweepCell cell;
                 cell.model = model;
@@ -177,7 +193,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                 e.task_options.data_dir = data_dir;
                 e.task_options.shots = shot;
                 e.task_options.seed = seed;
-                e.task_options.limit = limit;
+                e.task_options.limit = limit_for(task);
                 e.task_options.lm_eval_shuffle = !config.value("file_order", false);
                 e.policy = policy;
                 e.policy_options = base_options;
@@ -293,6 +309,32 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
   fs::rename(tmp, path);
 }
 
+// Cells whose rows are all in results.csv. A kill can tear the one write() of a cell:
+// the torn line is cut off (read_results_csv's repair) and a cell left with only some
+// of its metric rows is removed, so it is redone whole.
+std::set<std::string> finished_cells(const std::string& csv, const SweepPlan& plan) {
+  std::set<std::string> finished;
+  if (!fs::exists(csv)) return finished;
+  auto rows = read_results_csv(csv, /*repair=*/true);
+  std::map<std::string, size_t> expected, present;
+  for (const auto& cell : plan.cells) expected[cell.key()] = make_task(cell.eval.task)->metric_names().size();
+  for (const auto& row : rows) present[row_cell_key(row)]++;
+  std::vector<ResultRow> kept;
+  for (const auto& row : rows) {
+    const auto key = row_cell_key(row);
+    if (expected.count(key) && present[key] < expected[key]) continue;
+    kept.push_back(row);
+    finished.insert(key);
+  }
+  if (kept.size() != rows.size()) {
+    const std::string tmp = csv + ".tmp";
+    fs::remove(tmp);
+    append_rows_durably(tmp, kept);
+    fs::rename(tmp, csv);
+  }
+  return finished;
+}
+
 }  // namespace
 
 int run_sweep(const SweepArgs& args, const std::string& data_override) {
@@ -316,9 +358,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   write_json_file(config_path, record);
 
   const std::string csv = (fs::path(args.out) / "results.csv").string();
-  std::set<std::string> finished;
-  if (fs::exists(csv))
-    for (const auto& row : read_results_csv(csv, /*repair=*/true)) finished.insert(row_cell_key(row));
+  std::set<std::string> finished = finished_cells(csv, plan);
 
   std::vector<const SweepCell*> todo;
   int mine = 0;
@@ -334,9 +374,11 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   if (predictions) fs::create_directories(fs::path(args.out) / "predictions");
   std::map<std::string, std::unique_ptr<Model>> models;  // loaded once per process
   std::map<std::string, std::optional<EvalResult>> full_runs;
+  for (const auto& note : plan.skipped) std::cerr << "skipped " << note << std::endl;
   ProgressReporter progress(static_cast<int>(todo.size()));
-  int index = 0;
+  int index = 0, failed = 0;
   for (const SweepCell* cell : todo) {
+   try {
     progress.start_cell(++index, cell_label(*cell));
     auto& model = models[cell->model];
     if (!model) model = Model::load(resolve_model(cell->model, data_override));
@@ -351,7 +393,15 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
       write_predictions(result, cell->eval,
                         (fs::path(args.out) / "predictions" / (sanitize(cell->key()) + ".jsonl")).string());
     append_rows_durably(csv, eval_rows(cell->model, cell->eval, result));
+   } catch (const Error& e) {
+    // One bad cell does not stop the grid; it is reported and the exit code says so.
+    progress.end_cell();
+    std::cerr << "cell failed: " << cell_label(*cell) << ": " << e.what() << std::endl;
+    ++failed;
+   }
   }
+  if (failed) throw Error(std::to_string(failed) + " of " + std::to_string(todo.size()) +
+                          " cells failed (see above); finished cells are in " + csv);
   std::cerr << "sweep done: " << csv << std::endl;
   return 0;
 }

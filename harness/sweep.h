@@ -30,6 +30,7 @@ struct SweepCell {
 struct SweepPlan {
   nlohmann::json config;         // the config as given (with overrides applied)
   std::vector<SweepCell> cells;  // in a fixed order
+  std::vector<std::string> skipped;  // combinations that cannot run, and why
 };
 
 // Expands a sweep config; throws kvevict::Error naming the config file and key.

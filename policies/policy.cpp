@@ -35,6 +35,9 @@ Budget Policy::layer_budget(int /*layer*/, const SequenceShape& shape) const {
     return budget;
   }
   int total = total_budget(shape);
+  // A ratio budget on a short request can round below the sink count: the sinks then
+  // take the whole budget (an absolute budget that small is rejected by validate()).
+  budget.sink = std::min(budget.sink, total);
   double share = b.heavy_share >= 0 ? b.heavy_share : default_heavy_share();
   int rest = std::max(0, total - budget.sink);
   int heavy = static_cast<int>(rest * share);
@@ -64,7 +67,7 @@ void Policy::validate(const SequenceShape& shape) const {
   if (total < 1)
     throw Error("budget rounds to 0 tokens for a sequence of " + std::to_string(shape.length) +
                 " tokens");
-  if (total < sink_tokens())
+  if (b.tokens > 0 && total < sink_tokens())
     throw Error("budget of " + std::to_string(total) + " tokens is smaller than the " +
                 std::to_string(sink_tokens()) + " sink tokens of " + name());
 }
