@@ -44,21 +44,11 @@ std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
   return ids;
 }
 
-SequenceShape shape_of(const Model& model, int length, int prefill) {
-  SequenceShape s;
-  s.length = length;
-  s.prefill_len = prefill;
-  s.n_layers = static_cast<int>(model.arch().n_layers);
-  s.n_q_heads = static_cast<int>(model.arch().n_heads);
-  s.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
-  return s;
-}
-
 // Seconds per decode step after a prefill of `prefill` tokens (compressed to the
 // policy's budget), averaged over `steps` steps.
 double decode_step_seconds(const Model& model, const Policy& policy, const std::vector<int>& tokens,
                            int prefill, int steps) {
-  CacheAttention cache(model, policy, shape_of(model, prefill, prefill));
+  CacheAttention cache(model, policy, shape_for(model, prefill, prefill));
   model.forward(std::vector<int>(tokens.begin(), tokens.begin() + prefill), 0, cache);
   auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);

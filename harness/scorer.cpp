@@ -14,7 +14,7 @@ Mode parse_mode(const std::string& name) {
 
 std::string mode_name(Mode mode) { return mode == Mode::Sim ? "sim" : "decode"; }
 
-static SequenceShape shape_for(const Model& model, int length, int prefill_len) {
+SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   SequenceShape shape;
   shape.length = length;
   shape.prefill_len = prefill_len;

@@ -13,6 +13,9 @@ enum class Mode { Sim, Decode };
 Mode parse_mode(const std::string& name);
 std::string mode_name(Mode mode);
 
+// The policy's view of a sequence on this model.
+SequenceShape shape_for(const Model& model, int length, int prefill_len);
+
 struct SequenceScore {
   std::vector<double> next_token_logprob;  // [T-1]: log p(tokens[i+1] | tokens[..i])
   std::vector<int> argmax;                 // [T]: argmax of each logits row

@@ -106,10 +106,28 @@ std::string describe(const std::vector<std::string>& columns,
   return join(parts, ", ");
 }
 
-// Labels in first-appearance order, except that the full-cache baseline leads when the
-// key includes the policy: every table reads as "baseline, then the policies".
+// Labels in first-appearance order, except that a single numeric key (budget, heavy
+// share, shots) is sorted by value, empty first, since a resumed sweep appends cells
+// out of order; and the full-cache baseline leads when the key includes the policy:
+// every table reads as "baseline, then the policies".
 std::vector<std::vector<std::string>> order_labels(
     std::vector<std::vector<std::string>> labels, const std::vector<std::string>& key) {
+  auto numeric = [](const std::string& text, double* value) {
+    char* end = nullptr;
+    *value = std::strtod(text.c_str(), &end);
+    return !text.empty() && end && *end == '\0';
+  };
+  bool all_numeric = key.size() == 1;
+  double unused;
+  for (const auto& label : labels)
+    all_numeric = all_numeric && (label[0].empty() || numeric(label[0], &unused));
+  if (all_numeric)
+    std::stable_sort(labels.begin(), labels.end(), [&](const auto& a, const auto& b) {
+      double x = -1e300, y = -1e300;
+      if (!a[0].empty()) numeric(a[0], &x);
+      if (!b[0].empty()) numeric(b[0], &y);
+      return x < y;
+    });
   auto policy = std::find(key.begin(), key.end(), "policy");
   if (policy != key.end()) {
     std::size_t index = static_cast<std::size_t>(policy - key.begin());

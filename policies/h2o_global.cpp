@@ -35,7 +35,7 @@ class H2OGlobalPolicy : public Policy {
       float* P = probs + static_cast<size_t>(h) * T * T;
       std::fill(column.begin(), column.end(), 0.0f);
       for (int i = 0; i < T; ++i) {
-        softmax_prefix(L + static_cast<size_t>(i) * T, i, nullptr, p.data());
+        row_softmax(L + static_cast<size_t>(i) * T, i, nullptr, p.data());
         for (int j = 0; j <= i; ++j) column[j] += p[j];
       }
       for (int j = 0; j < T; ++j) order[j] = j;
@@ -48,21 +48,11 @@ class H2OGlobalPolicy : public Policy {
       std::vector<char> keep(T);
       for (int i = 0; i < T; ++i) {
         for (int j = 0; j <= i; ++j) keep[j] = is_heavy[j] || j >= i - recent;
-        softmax_prefix(L + static_cast<size_t>(i) * T, i, keep.data(), P + static_cast<size_t>(i) * T);
+        row_softmax(L + static_cast<size_t>(i) * T, i, keep.data(), P + static_cast<size_t>(i) * T);
       }
     }
   }
 
- private:
-  // Softmax over keys 0..i (only kept ones when keep is given).
-  static void softmax_prefix(const float* row, int i, const char* keep, float* out) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j <= i; ++j)
-      if (!keep || keep[j]) m = std::max(m, row[j]);
-    float sum = 0;
-    for (int j = 0; j <= i; ++j) sum += (out[j] = (!keep || keep[j]) ? std::exp(row[j] - m) : 0.0f);
-    for (int j = 0; j <= i; ++j) out[j] /= sum;
-  }
 };
 
 }  // namespace

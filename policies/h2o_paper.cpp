@@ -42,7 +42,7 @@ class H2OPaperPolicy : public Policy {
         std::fill(keep.begin(), keep.begin() + i + 1, 0);
         if (i < heavy) {
           std::fill(keep.begin(), keep.begin() + i + 1, 1);
-          causal_softmax(row, i, p.data());
+          row_softmax(row, i, nullptr, p.data());
           for (int j = 0; j <= i; ++j) acc[j] += p[j];  // rows < hb, keys < hb
         } else if (heavy > 0) {
           // Keys with positive acc are the previous row's heavy set plus its own key.
@@ -55,7 +55,7 @@ class H2OPaperPolicy : public Policy {
           std::vector<char> heavy_mask(i + 1, 0);
           for (int c = 0; c < k; ++c) heavy_mask[candidates[c]] = 1;
           heavy_mask[i] = 1;
-          causal_softmax(row, i, p.data());
+          row_softmax(row, i, nullptr, p.data());
           for (int j = 0; j <= i; ++j) {
             acc[j] = heavy_mask[j] ? acc[j] + p[j] : 0.0f;
             keep[j] = heavy_mask[j];
@@ -63,27 +63,11 @@ class H2OPaperPolicy : public Policy {
           for (int j = i + 1; j < T; ++j) acc[j] = 0.0f;
         }
         for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
-        masked_softmax(row, keep.data(), i, P + static_cast<size_t>(i) * T);
+        row_softmax(row, i, keep.data(), P + static_cast<size_t>(i) * T);
       }
     }
   }
 
- private:
-  static void causal_softmax(const float* row, int i, float* out) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j <= i; ++j) m = std::max(m, row[j]);
-    float sum = 0;
-    for (int j = 0; j <= i; ++j) sum += (out[j] = std::exp(row[j] - m));
-    for (int j = 0; j <= i; ++j) out[j] /= sum;
-  }
-  static void masked_softmax(const float* row, const char* keep, int i, float* out) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j <= i; ++j)
-      if (keep[j]) m = std::max(m, row[j]);
-    float sum = 0;
-    for (int j = 0; j <= i; ++j) sum += (out[j] = keep[j] ? std::exp(row[j] - m) : 0.0f);
-    for (int j = 0; j <= i; ++j) out[j] /= sum;
-  }
 };
 
 }  // namespace

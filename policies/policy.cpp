@@ -1,6 +1,8 @@
 #include "policies/policy.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -63,13 +65,21 @@ void Policy::validate(const SequenceShape& shape) const {
   if (b.tokens > shape.length)
     throw Error("budget of " + std::to_string(b.tokens) + " tokens is larger than the sequence (" +
                 std::to_string(shape.length) + " tokens)");
+  // A ratio budget may round to 0 tokens on a short request (int(ratio * T), as the
+  // paper): the cache then keeps nothing between steps and each query sees itself only.
   int total = total_budget(shape);
-  if (total < 1)
-    throw Error("budget rounds to 0 tokens for a sequence of " + std::to_string(shape.length) +
-                " tokens");
   if (b.tokens > 0 && total < sink_tokens())
     throw Error("budget of " + std::to_string(total) + " tokens is smaller than the " +
                 std::to_string(sink_tokens()) + " sink tokens of " + name());
+}
+
+void row_softmax(const float* row, int i, const char* keep, float* out) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j <= i; ++j)
+    if (!keep || keep[j]) m = std::max(m, row[j]);
+  float sum = 0;
+  for (int j = 0; j <= i; ++j) sum += (out[j] = (!keep || keep[j]) ? std::exp(row[j] - m) : 0.0f);
+  for (int j = 0; j <= i; ++j) out[j] /= sum;
 }
 
 void Policy::simulate_layer(int, const SequenceShape&, int, const float*, float*) const {

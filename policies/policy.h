@@ -110,6 +110,10 @@ class Policy {
   PolicyOptions options_;
 };
 
+// Softmax over keys 0..i of one logits row, only the kept ones when `keep` is given
+// (float32, as the paper's simulation computes it). Used by the sim-only policies.
+void row_softmax(const float* row, int i, const char* keep, float* out);
+
 // ---------------------------------------------------------------------------------
 // Most policies are a score function over ScoredPolicy, which owns the slots, the
 // sink and recent windows and the top-k selection (the kvpress "ScorerPress" idea).

@@ -363,18 +363,18 @@ TEST_CASE("pivot renders an exact Markdown and CSV table", "[export]") {
     CHECK(by_task.row_key_columns == std::vector<std::string>{"task"});
     CHECK(by_task.to_csv().rfind("task,full,h2o,local\n", 0) == 0);
   }
-  SECTION("policies down the side, budgets across; an empty budget reads n/a") {
+  SECTION("policies down the side, budgets across in numeric order; an empty budget reads n/a") {
     options = {};
     options.row_key = "policy";
     options.column_key = "budget";
     options.filters = {"task=copa"};
     options.metric = "acc";
     CHECK(kvevict::pivot_results(rows, options).to_markdown() ==
-          "| policy | 0.2 | n/a | 0.5 |\n"
+          "| policy | n/a | 0.2 | 0.5 |\n"
           "|---|---:|---:|---:|\n"
-          "| full |  | 0.7200 (0.0451) |  |\n"
-          "| h2o | 0.7000 (0.0461) |  | 0.7100 (0.0455) |\n"
-          "| local | 0.6000 |  |  |\n");
+          "| full | 0.7200 (0.0451) |  |  |\n"
+          "| h2o |  | 0.7000 (0.0461) | 0.7100 (0.0455) |\n"
+          "| local |  | 0.6000 |  |\n");
   }
   SECTION("two results in one cell name the missing filter") {
     options.filters.clear();
