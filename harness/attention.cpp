@@ -1,6 +1,7 @@
 #include "harness/attention.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -24,12 +25,24 @@ torch::Tensor ungroup_output(const torch::Tensor& out, int64_t t, int64_t hq) {
 
 int64_t element_bytes(torch::ScalarType type) { return static_cast<int64_t>(c10::elementSize(type)); }
 
-// Attention scores, softmax and the weighted sum of values accumulate in float64 for
-// float32 models (float32 for half types). The modes sum in different orders (a
-// T x T matrix against a gathered cache); at float32 that alone moves log-probs by
-// ~1e-5, which would hide the policy effects the sim == decode check looks for.
+// Attention scores, softmax and the weighted sum of values: float32 for float32 and
+// half models (softmax never in half), float64 for float64 reference runs.
 torch::ScalarType accumulation_type(torch::ScalarType compute) {
-  return compute == torch::kFloat32 || compute == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  return compute == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
+// Appends `rows` [Hkv, t, d] to a cache buffer with spare capacity (doubling), so a
+// decode step copies only the new token, not the whole cache.
+void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows) {
+  const int64_t t = rows.size(1);
+  if (!buffer.defined() || size + t > buffer.size(1)) {
+    const int64_t capacity = std::max<int64_t>(2 * (size + t), 16);
+    auto grown = torch::empty({rows.size(0), capacity, rows.size(2)}, rows.options());
+    if (size > 0) grown.narrow(1, 0, size).copy_(buffer.narrow(1, 0, size));
+    buffer = grown;
+  }
+  buffer.narrow(1, size, t).copy_(rows);
+  size += t;
 }
 
 }  // namespace
@@ -66,24 +79,41 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const auto acc = accumulation_type(q.scalar_type());
   // All T x T logits once per layer, on the CPU as one contiguous buffer; the policy
-  // work below is a tight loop over it. Kept in double so that sim mode sees the same
-  // numbers as decode mode's float64 scores.
+  // work below (simulate_realisable) is a tight loop over it.
   auto logits = (torch::bmm(group_queries(q, n_kv).to(acc), k.permute({1, 2, 0}).to(acc)) * scale)
-                    .to(torch::kCPU, torch::kFloat64).contiguous();  // [Hq, T, T]
+                    .to(torch::kCPU).contiguous();  // [Hq, T, T]
   torch::Tensor probs;
 
   if (!policy_.realisable()) {
     // Sim-only policies work on float32 buffers, as the paper's code does.
-    auto logits32 = logits.to(torch::kFloat32).contiguous();
+    auto logits32 = logits.to(torch::kFloat32).contiguous();  // no copy for float32 models
     auto probs32 = torch::zeros({hq, T, T}, torch::kFloat32);
     policy_.simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
     probs = probs32;
     const Budget b = policy_.layer_budget(layer, shape_);
     stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
   } else {
-    probs = torch::zeros({hq, T, T}, torch::kFloat64);
-    const double* L = logits.data_ptr<double>();
-    double* P = probs.data_ptr<double>();
+    if (acc == torch::kFloat64) {
+      simulate_realisable<double>(layer, logits, T, hq, n_kv, k, &probs);
+    } else {
+      simulate_realisable<float>(layer, logits, T, hq, n_kv, k, &probs);
+    }
+  }
+  stats_.peak_bytes += stats_.max_per_layer[layer] * kv_bytes;
+  auto p = probs.to(q.device(), acc).view({n_kv, g * T, T});  // acc: see above
+  return ungroup_output(torch::bmm(p, v.permute({1, 0, 2}).to(acc)), T, hq).to(q.scalar_type());
+}
+
+// The row loop of a realisable policy: row i is masked by the current slots, the
+// policy observes the masked softmax, then evicts. Scalar is the logits' type.
+template <typename Scalar>
+void SimAttention::simulate_realisable(int layer, const torch::Tensor& logits, int64_t T, int64_t hq,
+                                       int64_t n_kv, const torch::Tensor& k, torch::Tensor* probs_out) {
+  const int64_t g = hq / n_kv;
+  torch::Tensor probs = torch::zeros({hq, T, T}, logits.options());
+  {
+    const Scalar* L = logits.data_ptr<Scalar>();
+    Scalar* P = probs.data_ptr<Scalar>();
     auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
     const float* key_norms = norms.data_ptr<float>();
     auto state = policy_.make_layer_state(layer, shape_);
@@ -97,15 +127,15 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
       row.resize(static_cast<size_t>(hq) * n);
       for (int64_t h = 0; h < hq; ++h) {
         const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
-        const double* logit_row = L + (h * T + i) * T;
+        const Scalar* logit_row = L + (h * T + i) * T;
         double m = -std::numeric_limits<double>::infinity();
-        for (int s = 0; s < n; ++s) m = std::max(m, logit_row[pos[s]]);
-        double sum = 0;
+        for (int s = 0; s < n; ++s) m = std::max<double>(m, logit_row[pos[s]]);
+        double sum = 0;  // exponentials summed in double: no rounding noise of its own
         for (int s = 0; s < n; ++s) sum += (exps[s] = std::exp(logit_row[pos[s]] - m));
         const double inv = 1.0 / sum;
-        double* prob_row = P + (h * T + i) * T;
+        Scalar* prob_row = P + (h * T + i) * T;
         float* out = row.data() + h * n;
-        for (int s = 0; s < n; ++s) out[s] = static_cast<float>(prob_row[pos[s]] = exps[s] * inv);
+        for (int s = 0; s < n; ++s) out[s] = static_cast<float>(prob_row[pos[s]] = static_cast<Scalar>(exps[s] * inv));
       }
       state->observe(row.data());
       if (i >= shape_.prefill_len - 1) state->compress(nullptr);
@@ -113,9 +143,7 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
     stats_.kept_per_layer[layer] = state->size();
     stats_.max_per_layer[layer] = max_slots;
   }
-  stats_.peak_bytes += stats_.max_per_layer[layer] * kv_bytes;
-  auto p = probs.to(q.device(), acc).view({n_kv, g * T, T});  // acc: see above
-  return ungroup_output(torch::bmm(p, v.permute({1, 0, 2}).to(acc)), T, hq).to(q.scalar_type());
+  *probs_out = probs;
 }
 
 // ---------------------------------------------------------------------------------
@@ -131,26 +159,73 @@ CacheAttention::CacheAttention(const Model& model, const Policy& policy, Sequenc
 }
 
 int64_t CacheAttention::cached_tokens(int layer) const {
-  return layers_[layer].keys.defined() ? layers_[layer].keys.size(1) : 0;
+  return layers_[layer].size;
+}
+
+// Keeps the slots in `keep` (per KV head, in slot order). Attention does not care
+// about the order of cache rows (positions are already rotated into the keys), so a
+// kept row beyond the new size moves into a freed row below it: one row per evicted
+// token, not a rewrite of the whole cache.
+void CacheAttention::evict(LayerCache& cache, const std::vector<std::vector<int>>& keep) {
+  const int64_t n_kv = static_cast<int64_t>(keep.size()), kept = static_cast<int64_t>(keep[0].size());
+  const int64_t capacity = cache.key_buffer.size(1), d = cache.key_buffer.size(2);
+  std::vector<int64_t> sources, targets;
+  std::vector<char> used(static_cast<size_t>(kept));
+  for (int64_t h = 0; h < n_kv; ++h) {
+    std::vector<int>& rows = cache.rows[h];
+    std::vector<int> kept_rows;
+    for (int slot : keep[h]) kept_rows.push_back(rows[slot]);
+    std::fill(used.begin(), used.end(), 0);
+    for (int row : kept_rows)
+      if (row < kept) used[row] = 1;
+    int64_t free_row = 0;
+    for (int& row : kept_rows) {
+      if (row < kept) continue;
+      while (used[free_row]) ++free_row;
+      used[free_row] = 1;
+      sources.push_back(h * capacity + row);
+      targets.push_back(h * capacity + free_row);
+      row = static_cast<int>(free_row);
+    }
+    rows.swap(kept_rows);
+  }
+  if (!sources.empty()) {
+    const auto device = cache.key_buffer.device();
+    auto src = torch::tensor(sources, torch::kLong).to(device), dst = torch::tensor(targets, torch::kLong).to(device);
+    for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
+      auto flat = buffer->view({n_kv * capacity, d});
+      flat.index_copy_(0, dst, flat.index_select(0, src));
+    }
+  }
+  cache.size = kept;
+  if (capacity > 4 * (kept + 1)) {
+    // After a prefill compression memory follows the budget, not the prompt.
+    for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
+      auto smaller = torch::empty({n_kv, std::max<int64_t>(2 * kept, 16), d}, buffer->options());
+      smaller.narrow(1, 0, kept).copy_(buffer->narrow(1, 0, kept));
+      *buffer = smaller;
+    }
+  }
 }
 
 torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                      const torch::Tensor& v, int64_t start) {
+  const auto started = std::chrono::steady_clock::now();
   LayerCache& cache = layers_[layer];
   const int64_t t = q.size(0), hq = q.size(1), n_kv = k.size(1), d = q.size(2), g = hq / n_kv;
   const bool evicting = cache.state != nullptr;
   if (t > 1 && evicting && start + t > std::max<int64_t>(shape_.prefill_len, 1))
     throw Error("a block of several tokens can only be the prefill: eviction happens between tokens");
 
-  auto new_keys = k.permute({1, 0, 2});  // [Hkv, t, d]
-  auto new_values = v.permute({1, 0, 2});
-  cache.keys = cache.keys.defined() ? torch::cat({cache.keys, new_keys}, 1) : new_keys.contiguous();
-  cache.values = cache.values.defined() ? torch::cat({cache.values, new_values}, 1) : new_values.contiguous();
-  const int64_t n = cache.keys.size(1), n_prev = n - t;
+  int64_t value_size = cache.size;
+  append_rows(cache.key_buffer, cache.size, k.permute({1, 0, 2}));  // [Hkv, t, d]
+  append_rows(cache.value_buffer, value_size, v.permute({1, 0, 2}));
+  const int64_t n = cache.size, n_prev = n - t;
+  auto keys = cache.key_buffer.narrow(1, 0, n), values = cache.value_buffer.narrow(1, 0, n);
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const auto acc = accumulation_type(q.scalar_type());
-  auto logits = (torch::bmm(group_queries(q, n_kv).to(acc), cache.keys.transpose(1, 2).to(acc)) * scale)
+  auto logits = (torch::bmm(group_queries(q, n_kv).to(acc), keys.transpose(1, 2).to(acc)) * scale)
                     .view({n_kv, g, t, n});
   if (t > 1) {
     // Row r of the block sees the old slots and new tokens up to itself.
@@ -158,7 +233,7 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     logits = logits.masked_fill(causal, -std::numeric_limits<double>::infinity());
   }
   auto probs = torch::softmax(logits, -1);
-  auto out = ungroup_output(torch::bmm(probs.view({n_kv, g * t, n}), cache.values.to(acc)), t, hq)
+  auto out = ungroup_output(torch::bmm(probs.view({n_kv, g * t, n}), values.to(acc)), t, hq)
                  .to(q.scalar_type());
 
   stats_.max_per_layer[layer] = std::max<int>(stats_.max_per_layer[layer], static_cast<int>(n));
@@ -167,29 +242,30 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [t, Hkv]
     const float* P = probs_cpu.data_ptr<float>();
     const float* key_norms = norms.data_ptr<float>();
+    if (cache.rows.empty()) cache.rows.assign(n_kv, {});
     for (int64_t r = 0; r < t; ++r) {
       cache.state->append(static_cast<int>(start + r), key_norms + r * n_kv);
+      for (auto& rows : cache.rows) rows.push_back(static_cast<int>(n_prev + r));
       const int64_t m = n_prev + r + 1;  // slots this row can see
       row_buffer_.resize(static_cast<size_t>(hq) * m);
-      for (int64_t h = 0; h < hq; ++h)
-        std::copy_n(P + ((h * t) + r) * n, m, row_buffer_.data() + h * m);
+      for (int64_t h = 0; h < hq; ++h) {
+        // The policy sees slots in its own (position) order; the cache rows are unordered.
+        const float* prob_row = P + ((h * t) + r) * n;
+        const std::vector<int>& rows = cache.rows[h / g];
+        float* out = row_buffer_.data() + h * m;
+        for (int64_t s = 0; s < m; ++s) out[s] = prob_row[rows[s]];
+      }
       cache.state->observe(row_buffer_.data());
     }
     std::vector<std::vector<int>> keep;
-    if (start + t - 1 >= shape_.prefill_len - 1 && cache.state->compress(&keep)) {
-      std::vector<int64_t> flat;
-      for (const auto& head : keep) flat.insert(flat.end(), head.begin(), head.end());
-      const int64_t kept = static_cast<int64_t>(keep[0].size());
-      auto index = torch::tensor(flat, torch::kLong).view({n_kv, kept, 1}).expand({n_kv, kept, d}).to(q.device());
-      cache.keys = cache.keys.gather(1, index);
-      cache.values = cache.values.gather(1, index);
-    }
+    if (start + t - 1 >= shape_.prefill_len - 1 && cache.state->compress(&keep)) evict(cache, keep);
   }
-  stats_.kept_per_layer[layer] = static_cast<int>(cache.keys.size(1));
+  stats_.kept_per_layer[layer] = static_cast<int>(cache.size);
   int64_t peak = 0;
   for (int l = 0; l < shape_.n_layers; ++l)
     peak += static_cast<int64_t>(stats_.max_per_layer[l]) * 2 * n_kv * d * element_bytes(k.scalar_type());
   stats_.peak_bytes = peak;
+  attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;
 }
 

@@ -37,6 +37,9 @@ class SimAttention : public AttentionBackend {
   const KvStats& stats() const { return stats_; }
 
  private:
+  template <typename Scalar>
+  void simulate_realisable(int layer, const torch::Tensor& logits, int64_t T, int64_t hq, int64_t n_kv,
+                           const torch::Tensor& k, torch::Tensor* probs);
   const Model& model_;
   const Policy& policy_;
   SequenceShape shape_;
@@ -52,18 +55,24 @@ class CacheAttention : public AttentionBackend {
                        const torch::Tensor& v, int64_t start) override;
   const KvStats& stats() const { return stats_; }
   int64_t cached_tokens(int layer) const;
+  // Wall time spent inside attend() (scores, softmax, values, policy, eviction).
+  double attention_seconds() const { return attention_seconds_; }
 
  private:
   struct LayerCache {
-    torch::Tensor keys, values;  // [n_kv_heads, slots, head_dim]
+    torch::Tensor key_buffer, value_buffer;  // [n_kv_heads, capacity, head_dim]
+    int64_t size = 0;                         // rows in use
+    std::vector<std::vector<int>> rows;       // per KV head: cache row of each policy slot
     std::unique_ptr<LayerState> state;
   };
+  void evict(LayerCache& cache, const std::vector<std::vector<int>>& keep);
   const Model& model_;
   const Policy& policy_;
   SequenceShape shape_;
   std::vector<LayerCache> layers_;
   KvStats stats_;
   std::vector<float> row_buffer_;
+  double attention_seconds_ = 0;
 };
 
 }  // namespace kvevict

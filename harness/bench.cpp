@@ -44,15 +44,26 @@ std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
   return ids;
 }
 
-// Seconds per decode step after a prefill of `prefill` tokens (compressed to the
-// policy's budget), averaged over `steps` steps.
-double decode_step_seconds(const Model& model, const Policy& policy, const std::vector<int>& tokens,
-                           int prefill, int steps) {
-  CacheAttention cache(model, policy, shape_for(model, prefill, prefill));
-  model.forward(std::vector<int>(tokens.begin(), tokens.begin() + prefill), 0, cache);
-  auto t0 = Clock::now();
-  for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);
-  return seconds_since(t0) / steps;
+struct StepTime {
+  double total = 1e30;      // seconds per decode step
+  double attention = 1e30;  // of which inside attention (scores, softmax, values, eviction)
+};
+
+// Per decode step after a prefill of `prefill` tokens (compressed to the policy's
+// budget), averaged over `steps` steps; the best of `repeat` runs.
+StepTime decode_step_time(const Model& model, const Policy& policy, const std::vector<int>& tokens,
+                          int prefill, int steps, int repeat) {
+  StepTime best;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    CacheAttention cache(model, policy, shape_for(model, prefill, prefill));
+    model.forward(std::vector<int>(tokens.begin(), tokens.begin() + prefill), 0, cache);
+    const double attention_before = cache.attention_seconds();
+    auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);
+    best.total = std::min(best.total, seconds_since(t0) / steps);
+    best.attention = std::min(best.attention, (cache.attention_seconds() - attention_before) / steps);
+  }
+  return best;
 }
 
 int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
@@ -90,18 +101,20 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s
               << " ratio_to_full " << s / full_sim << "\n";
   }
-  const double full_step = best_time(repeat, [&] { decode_step_seconds(*model, *full, tokens, T, steps); });
-  const double full_per_step = decode_step_seconds(*model, *full, tokens, T, steps);
   PolicyOptions o;
   o.budget.ratio = budget;
   auto evicting = make_policy(decode_policy, o);
-  double evict_per_step = 1e30;
-  for (int r = 0; r < std::max(1, repeat); ++r)
-    evict_per_step = std::min(evict_per_step, decode_step_seconds(*model, *evicting, tokens, T, steps));
-  (void)full_step;
-  std::cout << "decode_step full cache=" << T << " ms " << full_per_step * 1e3 << "\n";
-  std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_per_step * 1e3
-            << " ratio_to_full " << evict_per_step / full_per_step << "\n";
+  // Decode steps are timed after a prefill of decode_tokens (default: tokens).
+  const int decode_T = config.value("decode_tokens", T);
+  auto decode_tokens = random_tokens(decode_T + steps, static_cast<int>(model->arch().vocab), 2);
+  const StepTime full_step = decode_step_time(*model, *full, decode_tokens, decode_T, steps, repeat);
+  const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
+  std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " attention_ms "
+            << full_step.attention * 1e3 << "\n";
+  std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_step.total * 1e3
+            << " ratio_to_full " << evict_step.total / full_step.total << " attention_ms "
+            << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention
+            << "\n";
   return 0;
 }
 
