@@ -10,12 +10,13 @@
 #include "harness/commands.h"
 #include "harness/data_dir.h"
 #include "harness/errors.h"
+#include "harness/sweep.h"
 
 int main(int argc, char** argv) {
   using namespace kvevict;
   CLI::App app{"kvevict: KV-cache eviction policies on real language models"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string(KVEVICT_VERSION) + " (" + KVEVICT_GIT_SHA + ")");
+  app.set_version_flag("--version", kvevict_version());
   std::string data_override;
   app.add_option("--data-dir", data_override, "shared data folder (default: $KVEVICT_DATA or ../shared/data)");
   const std::string default_model = "models/stories260K-hf";

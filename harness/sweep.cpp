@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "git_version.h"  // generated at build time: KVEVICT_GIT_SHA
 #include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "policies/registry.h"
@@ -19,6 +20,7 @@
 namespace kvevict {
 namespace fs = std::filesystem;
 
+// "0.1.0+<commit>", with "-dirty" when tracked files had uncommitted changes at build time.
 std::string kvevict_version() { return std::string(KVEVICT_VERSION) + "+" + KVEVICT_GIT_SHA; }
 
 void add_sweep_flags(CLI::App& app, SweepArgs& args) {
