@@ -222,7 +222,7 @@ std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& con
     ResultRow row = identity_row(model, config);
     row.metric = m.name;
     row.value = m.value;
-    row.stderr_ = m.stderr_;
+    if (m.name != "ppl") row.stderr_ = m.stderr_;  // exp(mean NLL) has no standard error here
     row.n = m.n;
     if (result.agreement_with_full) row.agreement_with_full = *result.agreement_with_full;
     if (result.mean_abs_ll_change) row.mean_abs_ll_change = *result.mean_abs_ll_change;
