@@ -57,7 +57,8 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
   if (static_cast<int>(whole.size()) > config.max_length + 1)
     whole.erase(whole.begin(), whole.end() - (config.max_length + 1));
   std::vector<int> input(whole.begin(), whole.end() - 1);
-  const int n_cont = static_cast<int>(continuation.size());
+  // A continuation longer than the window is scored on its last max_length tokens.
+  const int n_cont = std::min<int>(static_cast<int>(continuation.size()), static_cast<int>(input.size()));
   const int n_ctx = static_cast<int>(input.size()) - n_cont + 1;  // input tokens before the first scored one
   int prefill = 0, budget_length = 0;
   if (config.protocol == Protocol::PrefillCompress) {

@@ -1,4 +1,5 @@
 // The sweep driver, eval and rouge commands, end to end through the CLI.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -178,6 +179,17 @@ TEST_CASE("eval prints metrics and writes predictions; rouge scores a JSONL", "[
   int lines = 0;
   for (std::string line; std::getline(in, line); ++lines) CHECK(nlohmann::json::parse(line).contains("scores"));
   CHECK(lines == 8);
+
+  // Continuations longer than the window are scored on their last max_length tokens.
+  auto short_window = (fs::path(dir) / "short.jsonl").string();
+  auto windowed = test::run_kvevict("eval --task piqa --limit 4 --max-length 6 --policy h2o --budget 0.5 --predictions " +
+                                    short_window);
+  REQUIRE(windowed.exit_code == 0);
+  CHECK(std::isfinite(nlohmann::json::parse(windowed.out)["mean_abs_ll_change"].get<double>()));
+  std::ifstream short_in(short_window);
+  for (std::string line; std::getline(short_in, line);)
+    for (double score : nlohmann::json::parse(line)["scores"].get<std::vector<double>>())
+      CHECK((std::isfinite(score) && score < 0 && score > -200));
 
   auto golden = test::read_json(test::data("golden/rouge_xsum_lead1_200.json"));
   auto jsonl = (fs::path(dir) / "lead1.jsonl").string();
