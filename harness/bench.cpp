@@ -13,6 +13,7 @@
 #include "harness/attention.h"
 #include "harness/commands.h"
 #include "harness/errors.h"
+#include "harness/files.h"
 #include "harness/scorer.h"
 #include "policies/registry.h"
 
@@ -122,15 +123,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
 
 int run_bench(const BenchArgs& args, const std::string&) {
   if (!args.config.empty()) {
-    std::ifstream in(args.config);
-    if (!in) throw Error(args.config + ": cannot open benchmark config");
-    nlohmann::json config;
-    try {
-      config = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw Error(args.config + ": malformed JSON: " + e.what());
-    }
-    return bench_policies(args, config);
+    return bench_policies(args, read_json_file(args.config));
   }
   auto t0 = Clock::now();
   auto model = Model::load(args.model, args.runtime.options);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "harness/errors.h"
+#include "harness/files.h"
 #include "harness/tokenizer.h"
 
 namespace kvevict {
@@ -515,16 +516,6 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
 
 // ---------------------------------------------------------------------------------------
 // Loading
-
-json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
-}
 
 Vocab parse_vocab(const json& object, const std::string& where) {
   if (!object.is_object())

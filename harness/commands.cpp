@@ -10,18 +10,11 @@
 #include <sstream>
 
 #include "harness/errors.h"
+#include "harness/files.h"
 #include "harness/scorer.h"
 
 namespace kvevict {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -73,7 +66,7 @@ int run_perplexity(const PerplexityArgs& args) {
   if (!args.tokens_file.empty()) {
     tokens = read_tokens_file(args.tokens_file);
   } else {
-    tokens = model->encode(read_file(args.text_file), true);
+    tokens = model->encode(read_text_file(args.text_file), true);
   }
   if (args.max_tokens > 0 && static_cast<int>(tokens.size()) > args.max_tokens) tokens.resize(args.max_tokens);
   if (tokens.size() < 2) throw Error("need at least 2 tokens to score, got " + std::to_string(tokens.size()));

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/errors.h"
+#include "harness/files.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -139,9 +140,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
     result.n = static_cast<int>(docs.size());
   } else {
-    std::ifstream in(config.task_options.data_dir + "/" + config.text_file, std::ios::binary);
-    if (!in) throw Error(config.task_options.data_dir + "/" + config.text_file + ": missing text file");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = read_text_file(config.task_options.data_dir + "/" + config.text_file);
     std::vector<int> tokens = model.encode(text, config.bos.value_or(true));
     if (static_cast<int>(tokens.size()) > config.max_length) tokens.resize(config.max_length);
     const int prefill = config.protocol == Protocol::PrefillCompress ? static_cast<int>(tokens.size()) / 2 : 0;

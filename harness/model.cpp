@@ -6,6 +6,7 @@
 #include <set>
 
 #include "harness/errors.h"
+#include "harness/files.h"
 
 namespace kvevict {
 namespace {
@@ -50,15 +51,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
 
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
-  nlohmann::json config;
-  {
-    std::ifstream in(config_path);
-    try {
-      config = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw Error(config_path + ": malformed JSON: " + e.what());
-    }
-  }
+  const nlohmann::json config = read_json_file(config_path);
   // Validate the architecture before touching weights: a bad model_type is a config error.
   if (!config.contains("model_type")) throw Error(config_path + ": missing string key \"model_type\"");
   {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/errors.h"
+#include "harness/files.h"
 
 namespace kvevict {
 namespace {
@@ -124,13 +125,7 @@ WeightStore WeightStore::open(const std::string& model_dir) {
   if (fs::exists(dir / "model.safetensors")) {
     files.push_back((dir / "model.safetensors").string());
   } else if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      throw Error(index.string() + ": malformed JSON: " + e.what());
-    }
+    const nlohmann::json j = read_json_file(index.string());
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": missing object \"weight_map\"");
     std::set<std::string> shard_names;

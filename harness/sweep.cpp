@@ -15,6 +15,7 @@
 #include "git_version.h"  // generated at build time: KVEVICT_GIT_SHA
 #include "harness/data_dir.h"
 #include "harness/errors.h"
+#include "harness/files.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -293,16 +294,6 @@ std::string sanitize(std::string s) {
 std::string resolve_model(const std::string& model, const std::string& data_override) {
   if (fs::path(model).is_absolute() || fs::exists(model)) return model;
   return data_path(model, data_override);
-}
-
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open file");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(path + ": malformed JSON: " + e.what());
-  }
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j) {
