@@ -23,16 +23,22 @@ bool config_bool_or(const nlohmann::json& config, const std::string& key, bool f
   return config.contains(key) && config[key].is_boolean() ? config[key].get<bool>() : fallback;
 }
 
-ArchSpec describe_architecture(const nlohmann::json& config, const std::string& config_path,
-                               const HasTensor& has_tensor) {
+std::string checked_model_type(const nlohmann::json& config, const std::string& config_path) {
   if (!config.contains("model_type") || !config["model_type"].is_string())
     throw Error(config_path + ": missing string key \"model_type\"");
   const std::string type = config["model_type"].get<std::string>();
-  if (type == "llama" || type == "mistral") return describe_llama(config, config_path, has_tensor);
+  if (type != "llama" && type != "mistral" && type != "opt" && type != "gpt_neox")
+    throw Error(config_path + ": unknown model_type \"" + type +
+                "\" (supported: llama, mistral, opt, gpt_neox)");
+  return type;
+}
+
+ArchSpec describe_architecture(const nlohmann::json& config, const std::string& config_path,
+                               const HasTensor& has_tensor) {
+  const std::string type = checked_model_type(config, config_path);
   if (type == "opt") return describe_opt(config, config_path, has_tensor);
   if (type == "gpt_neox") return describe_gpt_neox(config, config_path, has_tensor);
-  throw Error(config_path + ": unknown model_type \"" + type +
-              "\" (supported: llama, mistral, opt, gpt_neox)");
+  return describe_llama(config, config_path, has_tensor);  // llama, mistral
 }
 
 }  // namespace kvevict

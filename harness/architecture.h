@@ -62,6 +62,10 @@ using HasTensor = std::function<bool(const std::string&)>;
 ArchSpec describe_architecture(const nlohmann::json& config, const std::string& config_path,
                                const HasTensor& has_tensor);
 
+// config.json's model_type, checked against the supported architectures (Error naming
+// the file otherwise). Model::load calls it before opening any weights.
+std::string checked_model_type(const nlohmann::json& config, const std::string& config_path);
+
 // One per architecture file.
 ArchSpec describe_llama(const nlohmann::json& config, const std::string& config_path,
                         const HasTensor& has_tensor);

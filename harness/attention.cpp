@@ -31,6 +31,20 @@ torch::ScalarType accumulation_type(torch::ScalarType compute) {
   return compute == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
 }
 
+// Scaled attention logits [Hkv, g*t, n] of queries q [t, Hq, d] against keys
+// [Hkv, n, d], in the accumulation type.
+torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys) {
+  const auto acc = accumulation_type(q.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)) * scale;
+}
+
+// probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
+torch::Tensor weighted_values(const torch::Tensor& probs, const torch::Tensor& values, int64_t t,
+                              int64_t hq, torch::ScalarType out_type) {
+  return ungroup_output(torch::bmm(probs, values.to(probs.scalar_type())), t, hq).to(out_type);
+}
+
 // Appends `rows` [Hkv, t, d] to a cache buffer with spare capacity (doubling), so a
 // decode step copies only the new token, not the whole cache.
 void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows) {
@@ -50,13 +64,11 @@ void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows
 torch::Tensor FullAttention::attend(int, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, int64_t) {
   const int64_t t = q.size(0), hq = q.size(1), n_kv = k.size(1);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  const auto acc = accumulation_type(q.scalar_type());
-  auto logits = torch::bmm(group_queries(q, n_kv).to(acc), k.permute({1, 2, 0}).to(acc)) * scale;  // [Hkv, g*t, t]
+  auto logits = attention_logits(q, k.permute({1, 0, 2}));  // [Hkv, g*t, t]
   auto causal = torch::ones({t, t}, torch::kBool).triu(1).to(q.device());
   logits = logits.view({n_kv, hq / n_kv, t, t}).masked_fill(causal, -std::numeric_limits<double>::infinity());
   auto probs = torch::softmax(logits, -1).view({n_kv, (hq / n_kv) * t, t});
-  return ungroup_output(torch::bmm(probs, v.permute({1, 0, 2}).to(acc)), t, hq).to(q.scalar_type());
+  return weighted_values(probs, v.permute({1, 0, 2}), t, hq, q.scalar_type());
 }
 
 // ---------------------------------------------------------------------------------
@@ -76,12 +88,9 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
     stats_.peak_bytes += T * kv_bytes;
     return FullAttention().attend(layer, q, k, v, start);
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const auto acc = accumulation_type(q.scalar_type());
   // All T x T logits once per layer, on the CPU as one contiguous buffer; the policy
   // work below (simulate_realisable) is a tight loop over it.
-  auto logits = (torch::bmm(group_queries(q, n_kv).to(acc), k.permute({1, 2, 0}).to(acc)) * scale)
-                    .to(torch::kCPU).contiguous();  // [Hq, T, T]
+  auto logits = attention_logits(q, k.permute({1, 0, 2})).to(torch::kCPU).contiguous();  // [Hq, T, T]
   torch::Tensor probs;
 
   if (!policy_.realisable()) {
@@ -93,57 +102,52 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
     const Budget b = policy_.layer_budget(layer, shape_);
     stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
   } else {
-    if (acc == torch::kFloat64) {
-      simulate_realisable<double>(layer, logits, T, hq, n_kv, k, &probs);
-    } else {
-      simulate_realisable<float>(layer, logits, T, hq, n_kv, k, &probs);
-    }
+    probs = logits.scalar_type() == torch::kFloat64 ? simulate_realisable<double>(layer, logits, hq, n_kv, k)
+                                                    : simulate_realisable<float>(layer, logits, hq, n_kv, k);
   }
   stats_.peak_bytes += stats_.max_per_layer[layer] * kv_bytes;
-  auto p = probs.to(q.device(), acc).view({n_kv, g * T, T});  // acc: see above
-  return ungroup_output(torch::bmm(p, v.permute({1, 0, 2}).to(acc)), T, hq).to(q.scalar_type());
+  auto p = probs.to(q.device(), logits.scalar_type()).view({n_kv, g * T, T});
+  return weighted_values(p, v.permute({1, 0, 2}), T, hq, q.scalar_type());
 }
 
 // The row loop of a realisable policy: row i is masked by the current slots, the
 // policy observes the masked softmax, then evicts. Scalar is the logits' type.
 template <typename Scalar>
-void SimAttention::simulate_realisable(int layer, const torch::Tensor& logits, int64_t T, int64_t hq,
-                                       int64_t n_kv, const torch::Tensor& k, torch::Tensor* probs_out) {
-  const int64_t g = hq / n_kv;
+torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& logits, int64_t hq,
+                                                int64_t n_kv, const torch::Tensor& k) {
+  const int64_t g = hq / n_kv, T = logits.size(2);
   torch::Tensor probs = torch::zeros({hq, T, T}, logits.options());
-  {
-    const Scalar* L = logits.data_ptr<Scalar>();
-    Scalar* P = probs.data_ptr<Scalar>();
-    auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
-    const float* key_norms = norms.data_ptr<float>();
-    auto state = policy_.make_layer_state(layer, shape_);
-    std::vector<float> row;  // what the policy observes: [Hq][slots]
-    std::vector<double> exps(T);
-    int max_slots = 0;
-    for (int64_t i = 0; i < T; ++i) {
-      state->append(static_cast<int>(i), key_norms + i * n_kv);
-      const int n = state->size();
-      max_slots = std::max(max_slots, n);
-      row.resize(static_cast<size_t>(hq) * n);
-      for (int64_t h = 0; h < hq; ++h) {
-        const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
-        const Scalar* logit_row = L + (h * T + i) * T;
-        double m = -std::numeric_limits<double>::infinity();
-        for (int s = 0; s < n; ++s) m = std::max<double>(m, logit_row[pos[s]]);
-        double sum = 0;  // exponentials summed in double: no rounding noise of its own
-        for (int s = 0; s < n; ++s) sum += (exps[s] = std::exp(logit_row[pos[s]] - m));
-        const double inv = 1.0 / sum;
-        Scalar* prob_row = P + (h * T + i) * T;
-        float* out = row.data() + h * n;
-        for (int s = 0; s < n; ++s) out[s] = static_cast<float>(prob_row[pos[s]] = static_cast<Scalar>(exps[s] * inv));
-      }
-      state->observe(row.data());
-      if (i >= shape_.prefill_len - 1) state->compress(nullptr);
+  const Scalar* L = logits.data_ptr<Scalar>();
+  Scalar* P = probs.data_ptr<Scalar>();
+  auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
+  const float* key_norms = norms.data_ptr<float>();
+  auto state = policy_.make_layer_state(layer, shape_);
+  std::vector<float> row;  // what the policy observes: [Hq][slots]
+  std::vector<double> exps(T);
+  int max_slots = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    state->append(static_cast<int>(i), key_norms + i * n_kv);
+    const int n = state->size();
+    max_slots = std::max(max_slots, n);
+    row.resize(static_cast<size_t>(hq) * n);
+    for (int64_t h = 0; h < hq; ++h) {
+      const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
+      const Scalar* logit_row = L + (h * T + i) * T;
+      double m = -std::numeric_limits<double>::infinity();
+      for (int s = 0; s < n; ++s) m = std::max<double>(m, logit_row[pos[s]]);
+      double sum = 0;  // exponentials summed in double: no rounding noise of its own
+      for (int s = 0; s < n; ++s) sum += (exps[s] = std::exp(logit_row[pos[s]] - m));
+      const double inv = 1.0 / sum;
+      Scalar* prob_row = P + (h * T + i) * T;
+      float* out = row.data() + h * n;
+      for (int s = 0; s < n; ++s) out[s] = static_cast<float>(prob_row[pos[s]] = static_cast<Scalar>(exps[s] * inv));
     }
-    stats_.kept_per_layer[layer] = state->size();
-    stats_.max_per_layer[layer] = max_slots;
+    state->observe(row.data());
+    if (i >= shape_.prefill_len - 1) state->compress(nullptr);
   }
-  *probs_out = probs;
+  stats_.kept_per_layer[layer] = state->size();
+  stats_.max_per_layer[layer] = max_slots;
+  return probs;
 }
 
 // ---------------------------------------------------------------------------------
@@ -223,20 +227,20 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
   const int64_t n = cache.size, n_prev = n - t;
   auto keys = cache.key_buffer.narrow(1, 0, n), values = cache.value_buffer.narrow(1, 0, n);
 
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const auto acc = accumulation_type(q.scalar_type());
-  auto logits = (torch::bmm(group_queries(q, n_kv).to(acc), keys.transpose(1, 2).to(acc)) * scale)
-                    .view({n_kv, g, t, n});
+  auto logits = attention_logits(q, keys).view({n_kv, g, t, n});
   if (t > 1) {
     // Row r of the block sees the old slots and new tokens up to itself.
     auto causal = torch::ones({t, n}, torch::kBool).triu(n_prev + 1).to(q.device());
     logits = logits.masked_fill(causal, -std::numeric_limits<double>::infinity());
   }
   auto probs = torch::softmax(logits, -1);
-  auto out = ungroup_output(torch::bmm(probs.view({n_kv, g * t, n}), values.to(acc)), t, hq)
-                 .to(q.scalar_type());
+  auto out = weighted_values(probs.view({n_kv, g * t, n}), values, t, hq, q.scalar_type());
 
-  stats_.max_per_layer[layer] = std::max<int>(stats_.max_per_layer[layer], static_cast<int>(n));
+  if (n > stats_.max_per_layer[layer]) {
+    // Peak bytes: the sum over layers of each layer's largest cache.
+    stats_.peak_bytes += (n - stats_.max_per_layer[layer]) * 2 * n_kv * d * element_bytes(k.scalar_type());
+    stats_.max_per_layer[layer] = static_cast<int>(n);
+  }
   if (evicting) {
     auto probs_cpu = probs.to(torch::kCPU, torch::kFloat32).contiguous();  // [Hkv, g, t, n]
     auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [t, Hkv]
@@ -261,10 +265,6 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     if (start + t - 1 >= shape_.prefill_len - 1 && cache.state->compress(&keep)) evict(cache, keep);
   }
   stats_.kept_per_layer[layer] = static_cast<int>(cache.size);
-  int64_t peak = 0;
-  for (int l = 0; l < shape_.n_layers; ++l)
-    peak += static_cast<int64_t>(stats_.max_per_layer[l]) * 2 * n_kv * d * element_bytes(k.scalar_type());
-  stats_.peak_bytes = peak;
   attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;
 }

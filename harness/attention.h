@@ -37,9 +37,10 @@ class SimAttention : public AttentionBackend {
   const KvStats& stats() const { return stats_; }
 
  private:
+  // The masked probabilities [Hq, T, T] of a realisable policy, in the logits' type.
   template <typename Scalar>
-  void simulate_realisable(int layer, const torch::Tensor& logits, int64_t T, int64_t hq, int64_t n_kv,
-                           const torch::Tensor& k, torch::Tensor* probs);
+  torch::Tensor simulate_realisable(int layer, const torch::Tensor& logits, int64_t hq, int64_t n_kv,
+                                    const torch::Tensor& k);
   const Model& model_;
   const Policy& policy_;
   SequenceShape shape_;

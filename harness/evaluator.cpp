@@ -108,6 +108,8 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     result.metrics = multiple_choice_metrics(docs, predictions, task->metric_names());
     result.n = static_cast<int>(docs.size());
   } else if (task->kind() == TaskKind::Generation) {
+    if (!policy->realisable())
+      throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
     const bool bos = config.bos.value_or(true);
     auto docs = task->generation_docs(config.task_options);
     std::vector<double> r1, r2, rl;
@@ -122,8 +124,6 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       options.temperature = config.temperature;
       options.seed = config.sample_seed + d;
       options.stream = config.protocol == Protocol::Stream;
-      if (config.mode == Mode::Sim && !policy->realisable())
-        throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
       Generation generation = generate(model, *policy, prompt, options);
       usage.add(generation.kv);
       DocOutcome outcome;
@@ -168,9 +168,8 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   EvalConfig config = requested;
   config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
   EvalResult result = run(model, config, progress);
-  if (config.policy == "full" || !config.compare_with_full ||
-      make_task(config.task)->kind() == TaskKind::Perplexity)
-    return result;
+  const TaskKind kind = make_task(config.task)->kind();
+  if (config.policy == "full" || !config.compare_with_full || kind == TaskKind::Perplexity) return result;
   std::optional<EvalResult> local;
   std::optional<EvalResult>& full = full_cache ? *full_cache : local;
   if (!full) {
@@ -185,7 +184,7 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   int same = 0;
   double change = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (make_task(config.task)->kind() == TaskKind::MultipleChoice) {
+    if (kind == TaskKind::MultipleChoice) {
       same += a[i].prediction.predicted == b[i].prediction.predicted;
       change += std::abs(a[i].prediction.chosen_loglikelihood - b[i].prediction.chosen_loglikelihood);
     } else {
@@ -194,7 +193,7 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   }
   if (!a.empty()) {
     result.agreement_with_full = static_cast<double>(same) / a.size();
-    if (make_task(config.task)->kind() == TaskKind::MultipleChoice) result.mean_abs_ll_change = change / a.size();
+    if (kind == TaskKind::MultipleChoice) result.mean_abs_ll_change = change / a.size();
   }
   return result;
 }

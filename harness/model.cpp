@@ -52,14 +52,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
   const nlohmann::json config = read_json_file(config_path);
-  // Validate the architecture before touching weights: a bad model_type is a config error.
-  if (!config.contains("model_type")) throw Error(config_path + ": missing string key \"model_type\"");
-  {
-    const std::string type = config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
-    if (type != "llama" && type != "mistral" && type != "opt" && type != "gpt_neox")
-      throw Error(config_path + ": unknown model_type \"" + type +
-                  "\" (supported: llama, mistral, opt, gpt_neox)");
-  }
+  checked_model_type(config, config_path);  // a bad model_type is a config error, before any weights
   model->weights_ = WeightStore::open(dir);
   const WeightStore& weights = model->weights_;
   model->arch_ = describe_architecture(config, config_path,

@@ -56,9 +56,9 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
     result.kv = attention.stats();
   }
   auto logprobs = torch::log_softmax(logits.to(torch::kFloat64), -1);
-  auto argmax = logits.argmax(-1);
-  result.argmax.resize(T);
-  for (int i = 0; i < T; ++i) result.argmax[i] = static_cast<int>(argmax[i].item<int64_t>());
+  auto argmax = logits.argmax(-1).contiguous();
+  const int64_t* best = argmax.data_ptr<int64_t>();
+  result.argmax.assign(best, best + T);
   auto acc = logprobs.accessor<double, 2>();
   result.next_token_logprob.resize(T - 1);
   for (int i = 0; i + 1 < T; ++i) result.next_token_logprob[i] = acc[i][tokens[i + 1]];
