@@ -7,7 +7,13 @@
 
 namespace kvevict {
 
+// Which request pipeline builds and scores the requests: lm-evaluation-harness 0.3's own
+// (and HELM's for generation), or the H2O repository's adaptor (ftfy, joint
+// tokenisation, mean score; its prompt files as they are).
+enum class Pipeline { LmEval, H2O };
+
 struct TaskOptions {
+  Pipeline pipeline = Pipeline::LmEval;
   std::string data_dir;  // the shared data folder (already resolved)
   int shots = 0;         // few-shot examples per request
   int seed = 42;         // few-shot sampling seed (lm-eval 0.3 uses 42)
