@@ -1,6 +1,8 @@
 // PyramidKV: SnapKV's scores with per-layer budgets decreasing linearly from the
 // bottom layer to the top (beta 20: the top layer gets base/beta heavy slots, the
-// bottom 2*base - base/beta), so the average over layers stays at the budget.
+// bottom 2*base - base/beta), so the average over layers equals the budget.
+#include <cmath>
+
 #include "harness/errors.h"
 #include "policies/snapkv.h"
 
@@ -14,10 +16,16 @@ class PyramidKVPolicy : public SnapKVPolicy {
     Budget b = Policy::layer_budget(layer, shape);
     const int base = b.capacity - b.recent - b.sink;
     if (shape.n_layers < 2 || base <= 0) return b;
-    const int smallest = static_cast<int>(base / options_.pyramid_beta);
-    const int largest = 2 * base - smallest;
-    const int step = (largest - smallest) / (shape.n_layers - 1);
-    b.capacity = largest - layer * step + b.recent + b.sink;
+    // The linear schedule in real numbers sums to exactly n_layers * base; layer l gets
+    // the rounded cumulative sum's increment, so the integer budgets keep that sum (a
+    // truncated integer step would overshoot: 39/30/21/12/3 for base 20 over 5 layers).
+    const double smallest = base / options_.pyramid_beta;
+    const double largest = 2.0 * base - smallest;
+    const double step = (largest - smallest) / (shape.n_layers - 1);
+    auto cumulative = [&](int layers) {  // sum of the first `layers` layer budgets
+      return std::llround(layers * largest - step * layers * (layers - 1) / 2.0);
+    };
+    b.capacity = static_cast<int>(cumulative(layer + 1) - cumulative(layer)) + b.recent + b.sink;
     return b;
   }
 };
