@@ -113,6 +113,13 @@ TEST_CASE("MathQA's Python-list options parse as lm-eval parses them", "[tasks][
   CHECK(docs[188].gold == 1);
   // acc_norm divides by these lengths, quotes included: "12'" is 3 characters.
   CHECK(docs[95].choice_texts[0].size() == 3);
+  // All 66 list-string items end their last choice with the list's "']" (SOURCES.md).
+  size_t listed = 0;
+  for (const auto& doc : docs) {
+    const std::string& last = doc.choice_texts.back();
+    listed += last.size() >= 2 && last.compare(last.size() - 2, 2, "']") == 0;
+  }
+  CHECK(listed == 66);
 }
 
 TEST_CASE("MathQA matches the stories260K golden (documents 0-99, file order)",
