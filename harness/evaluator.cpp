@@ -121,7 +121,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       GenerateOptions options;
       options.max_new_tokens = docs[d].max_new_tokens;
       options.stop = docs[d].stop;
-      options.temperature = config.temperature;
+      options.temperature = docs[d].temperature.value_or(config.temperature);
       options.seed = config.sample_seed + d;
       options.stream = config.protocol == Protocol::Stream;
       Generation generation = generate(model, *policy, prompt, options);

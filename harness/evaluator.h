@@ -1,6 +1,7 @@
 // The task runner: turns a task's requests into model calls under a policy, and the
 // answers into metrics. Multiple choice is scored by log-likelihood (lm-eval 0.3
-// conventions), XSum by generation + ROUGE, perplexity by mean NLL.
+// conventions), generation tasks (XSum, CNN/DM) by generation + ROUGE, perplexity by
+// mean NLL.
 #pragma once
 #include <functional>
 #include <optional>
@@ -32,7 +33,7 @@ struct EvalConfig {
   ScoreMode score = ScoreMode::Sum;
   std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
   int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
-  double temperature = 0;    // XSum: 0 is greedy
+  double temperature = 0;    // generation: 0 is greedy (a request file's own temperature wins)
   uint64_t sample_seed = 0;
   std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir
   bool compare_with_full = true;  // also run the full cache for agreement numbers

@@ -182,7 +182,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                     variants.push_back({b, -1});
                 }
               }
-              // A sim-only policy cannot generate: there is no XSum cell for it.
+              // A sim-only policy cannot generate: no generation-task cell for it.
               if (!make_policy(policy, base_options)->realisable() &&
                   make_task(task)->kind() == TaskKind::Generation) {
                 plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");

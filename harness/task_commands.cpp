@@ -167,9 +167,9 @@ int run_export() {
 
 void register_task_commands(CLI::App& app) {
   EvalArgs& a = eval_args;
-  eval_cmd = app.add_subcommand("eval", "score a task under a policy (lm-eval multiple choice, XSum, perplexity)");
+  eval_cmd = app.add_subcommand("eval", "score a task under a policy (lm-eval multiple choice, XSum/CNN-DM generation, perplexity)");
   eval_cmd->add_option("--model", a.model, "Hugging Face model directory (default: the bundled stories260K)");
-  eval_cmd->add_option("--task", a.task, "copa, piqa, winogrande, openbookqa, rte, xsum or perplexity")->required();
+  eval_cmd->add_option("--task", a.task, "copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm or perplexity")->required();
   eval_cmd->add_option("--shots", a.shots, "few-shot examples")->capture_default_str();
   eval_cmd->add_option("--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)")->capture_default_str();
   eval_cmd->add_option("--limit", a.limit, "evaluate only the first N documents (-1: all)")->capture_default_str();
@@ -179,8 +179,8 @@ void register_task_commands(CLI::App& app) {
   eval_cmd->add_flag("--no-bos", a.no_bos, "no BOS token (the default for multiple choice, as the paper)");
   eval_cmd->add_flag("--bos", a.bos, "prepend BOS (the default for generation and perplexity)");
   eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->capture_default_str();
-  eval_cmd->add_option("--temperature", a.temperature, "XSum sampling temperature (0: greedy)")->capture_default_str();
-  eval_cmd->add_option("--seed", a.seed, "XSum sampling seed")->capture_default_str();
+  eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->capture_default_str();
+  eval_cmd->add_option("--seed", a.seed, "generation sampling seed")->capture_default_str();
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");
   eval_cmd->add_flag("--helm-truncate", a.helm_truncate, "XSum: cut articles to 512 words as HELM does");
   eval_cmd->add_option("--format", a.format, "json or csv")->capture_default_str();

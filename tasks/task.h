@@ -2,6 +2,7 @@
 // back into metrics. Tasks know nothing about models: the harness scores requests.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct GenerationDoc {
   std::string reference;
   std::vector<std::string> stop;  // generation ends before any of these
   int max_new_tokens = 64;
+  // The request file's sampling temperature (H2O-pipeline prompt files carry one);
+  // unset: the run's EvalConfig::temperature.
+  std::optional<double> temperature;
 };
 
 // The model's answer to one log-likelihood request.
@@ -83,7 +87,7 @@ class Task {
   virtual std::vector<GenerationDoc> generation_docs(const TaskOptions&) const { return {}; }
 };
 
-// "copa", "piqa", "winogrande", "openbookqa", "rte", "xsum", "perplexity".
+// "copa", "piqa", "winogrande", "openbookqa", "rte", "mathqa", "xsum", "cnndm", "perplexity".
 std::unique_ptr<Task> make_task(const std::string& name);
 std::vector<std::string> task_names();
 

@@ -14,7 +14,9 @@ std::unique_ptr<Task> make_piqa_task();
 std::unique_ptr<Task> make_winogrande_task();
 std::unique_ptr<Task> make_openbookqa_task();
 std::unique_ptr<Task> make_rte_task();
+std::unique_ptr<Task> make_mathqa_task();
 std::unique_ptr<Task> make_xsum_task();
+std::unique_ptr<Task> make_cnndm_task();
 std::unique_ptr<Task> make_perplexity_task();
 
 namespace {
@@ -26,7 +28,9 @@ const std::vector<std::pair<std::string, std::function<std::unique_ptr<Task>()>>
       {"winogrande", make_winogrande_task},
       {"openbookqa", make_openbookqa_task},
       {"rte", make_rte_task},
+      {"mathqa", make_mathqa_task},
       {"xsum", make_xsum_task},
+      {"cnndm", make_cnndm_task},
       {"perplexity", make_perplexity_task},
   };
   return tasks;

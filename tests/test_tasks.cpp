@@ -439,7 +439,7 @@ TEST_CASE("agreement between a policy run and the full-cache run", "[tasks][metr
 
 TEST_CASE("task registry", "[tasks]") {
   CHECK(task_names() == std::vector<std::string>{"copa", "piqa", "winogrande", "openbookqa", "rte",
-                                                 "xsum", "perplexity"});
+                                                 "mathqa", "xsum", "cnndm", "perplexity"});
   CHECK(make_task("xsum")->kind() == TaskKind::Generation);
   CHECK(make_task("piqa")->metric_names() == std::vector<std::string>{"acc", "acc_norm"});
   CHECK(make_task("copa")->metric_names() == std::vector<std::string>{"acc"});
@@ -449,7 +449,7 @@ TEST_CASE("task registry", "[tasks]") {
 
   const std::string message = error_of([] { make_task("hellaswag"); });
   CHECK(message.find("hellaswag") != std::string::npos);
-  CHECK(message.find("copa, piqa, winogrande, openbookqa, rte, xsum, perplexity") !=
+  CHECK(message.find("copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm, perplexity") !=
         std::string::npos);
 }
 
