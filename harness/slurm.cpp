@@ -557,11 +557,16 @@ int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::st
   if (!args.model.empty()) config["models"] = json::array({args.model});
   if (args.limit != -2) config["limit"] = args.limit;
   SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
-  SlurmOptions options = resolve_options(slurm, raw_config, args.config, plan.cells.size());
-
   SweepFolder folder;
   folder.dir = fs::absolute(args.out).lexically_normal().string();
   if (folder.dir.size() > 1 && folder.dir.back() == '/') folder.dir.pop_back();
+  // A folder keeps the split it was made with unless --shards says otherwise (and is refused).
+  SlurmArgs effective = slurm;
+  if (effective.shards == -1 && fs::exists(folder.record())) {
+    const json stored = read_json_file(folder.record());
+    if (stored.contains("shards") && stored["shards"].is_number_integer()) effective.shards = stored["shards"].get<int>();
+  }
+  SlurmOptions options = resolve_options(effective, raw_config, args.config, plan.cells.size());
   if (folder.dir.find_first_of(" \t\n%'\"\\") != std::string::npos)
     throw Error("--out " + args.out + ": Slurm log paths cannot hold spaces, quotes, backslashes or %");
   if (fs::exists(folder.dir) && !fs::is_directory(folder.dir)) throw Error("--out " + args.out + ": not a folder");
@@ -739,7 +744,7 @@ int run_status(const StatusArgs& args, const std::string& data_override) {
 
 void add_slurm_flags(CLI::App& app, SlurmArgs& a) {
   app.add_flag("--slurm", a.slurm, "submit the sweep as a Slurm job array plus a merge job, then exit");
-  app.add_option("--shards", a.shards, "--slurm: array tasks (default: the config's slurm.shards, else min(cells, 10))");
+  app.add_option("--shards", a.shards, "--slurm: array tasks (default: the folder's split, else the config's slurm.shards, else min(cells, 10))");
   app.add_option("--max-parallel", a.max_parallel, "--slurm: at most K array tasks at once (--array=...%K)");
   app.add_option("--partition", a.partition, "--slurm: sbatch --partition");
   app.add_option("--account", a.account, "--slurm: sbatch --account");
