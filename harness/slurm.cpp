@@ -20,6 +20,7 @@
 #include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/files.h"
+#include "harness/model.h"
 #include "tasks/task.h"
 
 namespace kvevict {
@@ -557,6 +558,10 @@ int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::st
   if (!args.model.empty()) config["models"] = json::array({args.model});
   if (args.limit != -2) config["limit"] = args.limit;
   SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
+  // The model options every shard will use fail here rather than in every array task.
+  for (const char* key : {"device", "dtype"})
+    if (config.contains(key) && !config[key].is_string()) throw Error(args.config + ": key \"" + key + "\" must be a string");
+  parse_dtype(config.value("dtype", std::string("float32")));
   SweepFolder folder;
   folder.dir = fs::absolute(args.out).lexically_normal().string();
   if (folder.dir.size() > 1 && folder.dir.back() == '/') folder.dir.pop_back();

@@ -118,7 +118,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
       "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
-      "predictions", "note", "temperature", "file_order", "slurm"};
+      "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype"};
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
   SweepPlan plan;
@@ -343,6 +343,12 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
   int shard_index = 0, shard_count = 1;
   if (!args.shard.empty()) std::tie(shard_index, shard_count) = parse_shard(args.shard);
+  ModelOptions model_options;  // "device": "cuda" runs the sweep on a GPU (e.g. a Slurm GPU partition)
+  for (const char* key : {"device", "dtype"})
+    if (config.contains(key) && !config[key].is_string()) throw Error(args.config + ": key \"" + key + "\" must be a string");
+  model_options.device = config.value("device", model_options.device);
+  model_options.dtype = config.value("dtype", model_options.dtype);
+  parse_dtype(model_options.dtype);  // a bad name fails before anything is written
 
   fs::create_directories(args.out);
   const std::string config_path = (fs::path(args.out) / "config.json").string();
@@ -380,7 +386,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
    try {
     progress.start_cell(++index, cell_label(*cell));
     auto& model = models[cell->model];
-    if (!model) model = Model::load(resolve_model(cell->model, data_override));
+    if (!model) model = Model::load(resolve_model(cell->model, data_override), model_options);
     // Full-cache reference runs are shared by every policy cell with the same task settings.
     std::string full_key = cell->model + "|" + cell->eval.task + "|" + std::to_string(cell->eval.task_options.shots) +
                            "|" + std::to_string(cell->eval.task_options.seed) + "|" + score_mode_name(cell->eval.score) +

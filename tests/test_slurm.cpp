@@ -205,6 +205,7 @@ TEST_CASE("a shard that fails once: status names it, --resubmit-failed reruns on
 TEST_CASE("sweep --slurm --dry-run writes the array and merge scripts with the pass-through options", "[slurm-cli]") {
   auto dir = fresh_dir("slurm_dry_run");
   auto config_json = nlohmann::json::parse(kSlurmSweep);
+  config_json["device"] = "cpu";  // a GPU cluster's config says "cuda"
   config_json["slurm"] = {{"partition", "cpu"}, {"time", "2:00:00"}, {"max_parallel", 4}, {"cpus_per_task", 2}};
   auto config = write_file(fs::path(dir) / "sweep.json", config_json.dump());
   auto out = (fs::path(dir) / "run").string();
@@ -317,6 +318,22 @@ TEST_CASE("sweep --slurm and status refuse bad input with one line", "[slurm-cli
   auto over_local = test::run_kvevict("sweep " + config + " --out " + local + " --slurm --shards 3 --dry-run");
   CHECK(is_one_line_error(over_local));
   CHECK_THAT(over_local.err, Catch::Contains(local + "/config.json: this folder holds a different sweep config's results"));
+
+  // The model options a GPU sweep sets ("device": "cuda") are checked before any cell runs.
+  auto bad_dtype_json = nlohmann::json::parse(kSlurmSweep);
+  bad_dtype_json["dtype"] = "float8";
+  auto bad_dtype = write_file(fs::path(dir) / "bad_dtype" / "sweep.json", bad_dtype_json.dump());
+  auto dtype_error = test::run_kvevict("sweep " + bad_dtype + " --out " + dir + "/bad_dtype/run");
+  CHECK(is_one_line_error(dtype_error));
+  CHECK_THAT(dtype_error.err, Catch::Contains("unknown dtype \"float8\""));
+  auto dtype_at_submit = test::run_kvevict("sweep " + bad_dtype + " --out " + dir + "/bad_dtype/run --slurm --dry-run");
+  CHECK(is_one_line_error(dtype_at_submit));
+  CHECK_THAT(dtype_at_submit.err, Catch::Contains("unknown dtype \"float8\""));
+  bad_dtype_json["device"] = 1;
+  write_file(fs::path(dir) / "bad_dtype" / "sweep.json", bad_dtype_json.dump());
+  auto device_error = test::run_kvevict("sweep " + bad_dtype + " --out " + dir + "/bad_dtype/run2");
+  CHECK(is_one_line_error(device_error));
+  CHECK_THAT(device_error.err, Catch::Contains("sweep.json: key \"device\" must be a string"));
 
   auto not_sweep = test::run_kvevict("status " + dir);
   CHECK(is_one_line_error(not_sweep));
