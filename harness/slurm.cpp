@@ -531,10 +531,9 @@ std::string resubmit_command(const SweepFolder& folder, const json& record) {
   command += " sweep " + shell_quote(record.value("config_path", std::string("CONFIG"))) + " --out " +
              shell_quote(folder.dir) + " --slurm --resubmit-failed";
   for (const auto& o : record.value("sweep_overrides", std::vector<std::string>{})) command += " " + shell_quote(o);
-  const auto& subs = record.value("submissions", json::array());
-  if (!subs.empty())
-    for (auto& [option, value] : subs.back().value("sbatch_options", json::object()).items())
-      command += " --" + option + " " + shell_quote(value.get<std::string>());
+  const json submissions = record.value("submissions", json::array());
+  const json options = submissions.empty() ? json::object() : submissions.back().value("sbatch_options", json::object());
+  for (const auto& [option, value] : options.items()) command += " --" + option + " " + shell_quote(value.get<std::string>());
   return command;
 }
 

@@ -74,6 +74,8 @@ std::string job_state(const std::string& id) {
   return s;
 }
 
+std::string first_line_of(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 bool is_one_line_error(const test::CommandResult& r) {
   return r.exit_code != 0 && r.err.rfind("kvevict: error: ", 0) == 0 && r.err.find('\n') == r.err.size() - 1;
 }
@@ -147,7 +149,7 @@ TEST_CASE("a shard that fails once: status names it, --resubmit-failed reruns on
   auto out = (fs::path(dir) / "run").string();
   auto shard_csv = [&](int i) { return (fs::path(out) / "shards" / std::to_string(i) / "results.csv").string(); };
 
-  auto submit = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 3");
+  auto submit = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 3 --partition debug --time 10:00");
   INFO(submit.err);
   REQUIRE(submit.exit_code == 0);
   auto record = test::read_json((fs::path(out) / "slurm" / "sweep.json").string());
@@ -164,17 +166,21 @@ TEST_CASE("a shard that fails once: status names it, --resubmit-failed reruns on
   CHECK_THAT(status.out, Catch::Contains("shard 1: 2/2 cells  done"));
   CHECK_THAT(status.out, Catch::Contains("failed shards: 0\n"));
   CHECK_THAT(status.out, Catch::Contains("cell failed") && Catch::Contains("m3"));  // the log's last lines
-  CHECK_THAT(status.out, Catch::Contains("--slurm --resubmit-failed"));
+  const std::string intro = "resubmit only the failed shards with:\n  ";
+  const auto at = status.out.find(intro);
+  REQUIRE(at != std::string::npos);
+  const std::string resubmit_command = first_line_of(status.out.substr(at + intro.size()));
+  CHECK_THAT(resubmit_command, Catch::EndsWith(" --slurm --resubmit-failed --partition 'debug' --time '10:00'"));
 
   const std::string shard0_before = test::read_text(shard_csv(0));
   const std::string shard1_before = test::read_text(shard_csv(1));
   const std::string shard2_before = test::read_text(shard_csv(2));
   fs::create_directory_symlink(test::data("models/stories260K-hf"), fs::path(dir) / "models" / "m3");
 
-  auto resubmit = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --resubmit-failed");
-  INFO(resubmit.err);
-  REQUIRE(resubmit.exit_code == 0);
-  CHECK_THAT(resubmit.out, Catch::Contains("(shards 0 of 3)"));
+  // The command status printed, as the user would paste it.
+  const std::string resubmitted = shell_output(resubmit_command + " 2>&1");
+  INFO(resubmitted);
+  CHECK_THAT(resubmitted, Catch::Contains("(shards 0 of 3)"));
   record = test::read_json((fs::path(out) / "slurm" / "sweep.json").string());
   REQUIRE(record["submissions"].size() == 2);
   CHECK(record["submissions"][1]["shards"] == nlohmann::json::array({0}));
