@@ -362,13 +362,18 @@ struct JobState {
 // Job (or array task, "123_4") id -> state, for the given job ids. squeue knows the
 // live jobs and, for a while (MinJobAge), the finished ones; sacct answers only where
 // accounting storage is configured, so both are optional.
-std::map<std::string, JobState> query_slurm(const std::vector<std::string>& job_ids) {
+// `answered` stays true only when squeue answered every query ("Invalid job id" is an
+// answer: the job has left the controller's memory); otherwise a job missing from the
+// output says nothing about it.
+std::map<std::string, JobState> query_slurm(const std::vector<std::string>& job_ids, bool& answered) {
   std::map<std::string, JobState> states;
   const std::string squeue = find_executable("squeue"), sacct = find_executable("sacct");
+  answered = !squeue.empty();
   for (const auto& id : job_ids) {
     if (id.empty()) continue;
     if (!squeue.empty()) {
       auto r = run_process({squeue, "-h", "-r", "-t", "all", "-j", id, "-o", "%i|%T|%r"});
+      if (r.exit_code != 0 && r.err.find("Invalid job id") == std::string::npos) answered = false;
       if (r.exit_code == 0)
         for (const auto& line : lines_of(r.out)) {
           auto a = line.find('|'), b = line.find('|', a + 1);
@@ -478,8 +483,7 @@ SweepState read_sweep_state(const SweepFolder& folder, const std::string& data_o
     s.merge_job = sub.value("merge_job", "");
   }
   if (!s.merge_job.empty()) jobs.push_back(s.merge_job);
-  s.slurm_queryable = !find_executable("squeue").empty();
-  auto states = query_slurm(jobs);
+  auto states = query_slurm(jobs, s.slurm_queryable);
   if (!s.merge_job.empty() && states.count(s.merge_job)) s.merge_state = states[s.merge_job];
 
   for (int i = 0; i < s.shards; ++i) {
@@ -511,7 +515,7 @@ SweepState read_sweep_state(const SweepFolder& folder, const std::string& data_o
                                  : "no longer queued and its log has no exit line: killed (time limit, memory)?";
     } else {
       st.kind = ShardStatus::kUnknown;
-      st.detail = "squeue is not on PATH";
+      st.detail = "squeue did not answer and the log has no exit line";
     }
     s.shard_status.push_back(st);
   }
@@ -701,7 +705,8 @@ int run_status(const StatusArgs& args, const std::string& data_override) {
   SweepState state = read_sweep_state(folder, data_override);
   std::cout << "sweep " << folder.dir << ": " << state.plan.cells.size() << " cells in " << state.shards
             << " shards (config " << state.record.value("config_path", std::string("?")) << ")\n";
-  if (!state.slurm_queryable) std::cout << "(squeue is not on PATH: states come from the shard folders and logs)\n";
+  if (!state.slurm_queryable)
+    std::cout << "(squeue is not on PATH or did not answer: states come from the shard folders and logs)\n";
   std::vector<const ShardStatus*> failed;
   for (const auto& st : state.shard_status) {
     std::cout << "shard " << st.index << ": " << st.done << "/" << st.total << " cells  " << kind_name(st.kind);

@@ -351,3 +351,60 @@ TEST_CASE("sweep --slurm and status refuse bad input with one line", "[slurm-cli
   CHECK(is_one_line_error(resubmit_nothing));
   CHECK_THAT(resubmit_nothing.err, Catch::Contains("nothing was submitted from this folder yet"));
 }
+
+TEST_CASE("status and --resubmit-failed work from the shard folders and logs when squeue cannot answer", "[slurm-cli]") {
+  auto dir = fresh_dir("slurm_no_squeue");
+  auto config = write_file(fs::path(dir) / "sweep.json", kSlurmSweep);
+  auto out = (fs::path(dir) / "run").string();
+  // A stand-in sbatch (shell builtins only: PATH holds nothing) that records its
+  // arguments and hands out job ids the way `sbatch --parsable` does on a federation.
+  const std::string calls = (fs::path(dir) / "sbatch-calls.txt").string();
+  const std::string counter = (fs::path(dir) / "counter").string();
+  const std::string sbatch = write_file(fs::path(dir) / "bin" / "fake-sbatch",
+                                        "#!/bin/sh\necho \"$*\" >> " + calls + "\nn=100; [ -f " + counter + " ] && read n < " +
+                                            counter + "; n=$((n+1)); echo $n > " + counter + "; echo \"$n;testcluster\"\n");
+  fs::permissions(sbatch, fs::perms::owner_all);
+  const std::string path = std::getenv("PATH");
+  auto without_slurm_on_path = [&](const std::string& args) {
+    ::setenv("PATH", (fs::path(dir) / "empty").c_str(), 1);
+    auto r = test::run_kvevict(args);
+    ::setenv("PATH", path.c_str(), 1);
+    return r;
+  };
+  auto submit = without_slurm_on_path("sweep " + config + " --out " + out + " --slurm --shards 3 --sbatch " + sbatch);
+  INFO(submit.err);
+  REQUIRE(submit.exit_code == 0);
+  CHECK_THAT(submit.out, Catch::Contains("submitted array job 101 (shards 0-2 of 3) and merge job 102"));
+
+  // Shards 0 and 2 succeed, shard 1 fails before finishing a cell.
+  const std::string slurm_dir = (fs::path(out) / "slurm").string();
+  for (int i : {0, 2}) {
+    REQUIRE(test::run_kvevict("sweep " + config + " --out " + out + "/shards/" + std::to_string(i) + " --shard " +
+                              std::to_string(i) + "/3").exit_code == 0);
+    write_file(fs::path(slurm_dir) / ("shard-" + std::to_string(i) + "-101.log"), "kvevict shard exit: 0\n");
+  }
+  write_file(fs::path(slurm_dir) / "shard-1-101.log",
+             "kvevict shard 1/3: array job 101 task 1 on node7\nsimulated: out of memory\nkvevict shard exit: 1\n");
+
+  auto status = without_slurm_on_path("status " + out);
+  REQUIRE(status.exit_code == 0);
+  INFO(status.out);
+  CHECK_THAT(status.out, Catch::Contains("squeue is not on PATH"));
+  CHECK_THAT(status.out, Catch::Contains("shard 0: 4/4 cells  done"));
+  CHECK_THAT(status.out, Catch::Contains("shard 1: 0/3 cells  FAILED  (Slurm 101_1, exit 1)"));
+  CHECK_THAT(status.out, Catch::Contains("failed shards: 1\n"));
+  CHECK_THAT(status.out, Catch::Contains("  simulated: out of memory\n"));
+
+  auto resubmit = without_slurm_on_path("sweep " + config + " --out " + out + " --slurm --resubmit-failed --sbatch " + sbatch);
+  INFO(resubmit.err);
+  REQUIRE(resubmit.exit_code == 0);
+  CHECK_THAT(resubmit.out, Catch::Contains("submitted array job 103 (shards 1 of 3) and merge job 104"));
+  CHECK(test::read_text(calls) == "--parsable " + slurm_dir + "/sweep.sbatch\n" +
+                                      "--parsable --dependency=afterok:101 " + slurm_dir + "/merge.sbatch\n" +
+                                      "--parsable --array=1 " + slurm_dir + "/sweep.sbatch\n" +
+                                      "--parsable --dependency=afterok:103 " + slurm_dir + "/merge.sbatch\n");
+  // Until the new task has logged, it is neither done nor known to have failed.
+  auto pending = without_slurm_on_path("status " + out);
+  CHECK_THAT(pending.out, Catch::Contains("shard 1: 0/3 cells  unknown  (Slurm 103_1)"));
+  CHECK_THAT(pending.out, Catch::Contains("failed shards: none"));
+}
