@@ -72,7 +72,8 @@ start_cluster() {
     --seed-file="$state/munge/munged.seed" || fail "munged did not start"
 
   local host cpus mem_mb user ctld_port slurmd_port
-  host=$(hostname -s)
+  host=$(hostname -s 2>/dev/null || uname -n)  # the short host name, read on this machine
+  host=${host%%.*}
   cpus=$(nproc)
   # slurmd drains a node that reports less memory than configured: stay under the total.
   mem_mb=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024 * 9 / 10 ))
