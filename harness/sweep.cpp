@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "git_version.h"  // generated at build time: KVEVICT_GIT_SHA
+#include "harness/atomic_file.h"
 #include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/files.h"
@@ -108,16 +109,21 @@ std::string row_cell_key(const ResultRow& row) {
 
 std::string SweepCell::key() const { return row_cell_key(identity_row(model, eval)); }
 
+std::map<std::string, std::string> cell_identity(const SweepCell& cell) {
+  return identity_row(cell.model, cell.eval).fields();
+}
+
 SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
   if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
       "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
-      "predictions", "note", "temperature", "file_order"};
+      "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype"};
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
   SweepPlan plan;
   plan.config = config;
+  plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
   auto models = axis<std::string>(config, path, "models", {"models/stories260K-hf"});
   auto tasks = axis<std::string>(config, path, "tasks", {});
   if (tasks.empty()) throw Error(path + ": \"tasks\" is required");
@@ -337,6 +343,12 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
   int shard_index = 0, shard_count = 1;
   if (!args.shard.empty()) std::tie(shard_index, shard_count) = parse_shard(args.shard);
+  ModelOptions model_options;  // "device": "cuda" runs the sweep on a GPU (e.g. a Slurm GPU partition)
+  for (const char* key : {"device", "dtype"})
+    if (config.contains(key) && !config[key].is_string()) throw Error(args.config + ": key \"" + key + "\" must be a string");
+  model_options.device = config.value("device", model_options.device);
+  model_options.dtype = config.value("dtype", model_options.dtype);
+  parse_dtype(model_options.dtype);  // a bad name fails before anything is written
 
   fs::create_directories(args.out);
   const std::string config_path = (fs::path(args.out) / "config.json").string();
@@ -374,7 +386,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
    try {
     progress.start_cell(++index, cell_label(*cell));
     auto& model = models[cell->model];
-    if (!model) model = Model::load(resolve_model(cell->model, data_override));
+    if (!model) model = Model::load(resolve_model(cell->model, data_override), model_options);
     // Full-cache reference runs are shared by every policy cell with the same task settings.
     std::string full_key = cell->model + "|" + cell->eval.task + "|" + std::to_string(cell->eval.task_options.shots) +
                            "|" + std::to_string(cell->eval.task_options.seed) + "|" + score_mode_name(cell->eval.score) +
@@ -427,7 +439,11 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
     std::cerr << "warning: merged " << shards_seen.size() << " of " << shard_count << " shards" << std::endl;
   fs::create_directories(out);
   const std::string csv = (fs::path(out) / "results.csv").string();
-  if (fs::exists(csv)) throw Error(csv + ": already exists; merge into an empty folder");
+  const std::string out_config = (fs::path(out) / "config.json").string();
+  // A folder this same sweep was merged into before is merged again (shards may have grown).
+  const bool remerge = fs::exists(out_config) && read_json_file(out_config).contains("merged_from") &&
+                       read_json_file(out_config)["config"] == config;
+  if (fs::exists(csv) && !remerge) throw Error(csv + ": already exists; merge into an empty folder");
   // Rows keep the unsharded run's cell order.
   SweepPlan plan = expand_sweep(config, "merged config", "");
   std::map<std::string, size_t> order;
@@ -435,7 +451,13 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
   std::stable_sort(rows.begin(), rows.end(), [&](const ResultRow& a, const ResultRow& b) {
     return order[row_cell_key(a)] < order[row_cell_key(b)];
   });
-  append_rows_durably(csv, rows);
+  // Written beside and renamed over, so a reader never sees a half-merged file.
+  if (!rows.empty()) {
+    const std::string temporary = temporary_path_beside(csv);
+    fs::remove(temporary);
+    append_rows_durably(temporary, rows);
+    publish_file(temporary, csv);
+  }
   nlohmann::json record = {{"config", config}, {"shard", {0, 1}}, {"merged_from", dirs}, {"cells", nlohmann::json::array()}};
   for (const auto& c : plan.cells) record["cells"].push_back(c.key());
   write_json_file((fs::path(out) / "config.json").string(), record);

@@ -4,6 +4,7 @@
 // finished cell. Shards split the cells deterministically; merge joins shard folders.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -44,6 +45,8 @@ std::pair<int, int> parse_shard(const std::string& text);
 std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& config, const EvalResult& result);
 // The identity of the cell a row belongs to (same as SweepCell::key()).
 std::string row_cell_key(const ResultRow& row);
+// The cell's identity columns as results.csv writes them (outcome columns empty).
+std::map<std::string, std::string> cell_identity(const SweepCell& cell);
 
 int run_sweep(const SweepArgs& args, const std::string& data_override);
 int run_merge(const std::vector<std::string>& dirs, const std::string& out);

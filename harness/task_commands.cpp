@@ -6,10 +6,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "harness/atomic_file.h"
 #include "harness/commands.h"
 #include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/evaluator.h"
+#include "harness/slurm.h"
 #include "harness/sweep.h"
 #include "notebooks-export/notebook.h"
 #include "notebooks-export/results_csv.h"
@@ -35,6 +37,8 @@ struct RougeArgs {
 } rouge_args;
 
 SweepArgs sweep_args;
+SlurmArgs slurm_args;
+CLI::App* status_cmd;
 std::vector<std::string> merge_dirs;
 std::string merge_out;
 struct TableArgs {
@@ -142,8 +146,8 @@ int run_table() {
   options.metric = table_args.metric;
   PivotTable table = pivot_results(rows, options);
   std::string out = table_args.out.empty() ? (std::filesystem::path(table_args.dir) / "table").string() : table_args.out;
-  std::ofstream(out + ".md") << table.to_markdown();
-  std::ofstream(out + ".csv") << table.to_csv();
+  write_file_atomically(out + ".md", table.to_markdown());
+  write_file_atomically(out + ".csv", table.to_csv());
   std::cout << table.to_markdown();
   std::cerr << "wrote " << out << ".md and " << out << ".csv\n";
   return 0;
@@ -195,6 +199,8 @@ void register_task_commands(CLI::App& app) {
 
   sweep_cmd = app.add_subcommand("sweep", "run a grid of models x tasks x policies x budgets x ... into a results CSV");
   add_sweep_flags(*sweep_cmd, sweep_args);
+  add_slurm_flags(*sweep_cmd, slurm_args);
+  status_cmd = add_status_command(app);
 
   merge_cmd = app.add_subcommand("merge", "combine shard output folders into one");
   merge_cmd->add_option("dirs", merge_dirs, "shard folders")->required();
@@ -217,7 +223,8 @@ void register_task_commands(CLI::App& app) {
 int run_task_commands(CLI::App&, const std::string& data_override) {
   if (eval_cmd->parsed()) return run_eval(data_override);
   if (rouge_cmd->parsed()) return run_rouge();
-  if (sweep_cmd->parsed()) return run_sweep(sweep_args, data_override);
+  if (sweep_cmd->parsed()) return run_sweep_command(sweep_args, slurm_args, data_override);
+  if (status_cmd->parsed()) return run_status_command(data_override);
   if (merge_cmd->parsed()) return run_merge(merge_dirs, merge_out);
   if (table_cmd->parsed()) return run_table();
   if (export_cmd->parsed()) return run_export();
