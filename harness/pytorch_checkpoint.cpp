@@ -136,7 +136,7 @@ PytorchCheckpointFile::PytorchCheckpointFile(const std::string& path) : file_(pa
         auto root = pickle::unpickle(file.data(), file.size(), rec->data_offset, file.path() + " (" + rec->name + ")");
         tensors = state_dict_tensors(root.value, file.path());
         if (sized_after) size = root.end - rec->data_offset;
-      } catch (const Error&) {
+      } catch (const pickle::TruncatedPickle&) {
         throw Error(head + ": it ends inside " + rec->name + ", the state-dict pickle");
       }
       const std::string prefix = rec->name.substr(0, rec->name.size() - 8);
@@ -148,7 +148,15 @@ PytorchCheckpointFile::PytorchCheckpointFile(const std::string& path) : file_(pa
       holds = "the storage of tensor " + it->second.second;
       if (sized_after) size = it->second.first;
     } else if (sized_after) {
-      break;  // a record of unknown length: cannot walk further
+      // A small record (version, byteorder) whose length only its data descriptor
+      // states: find the descriptor whose size field matches the distance.
+      bool found = false;
+      for (uint64_t at = rec->data_offset; !found && at + 16 <= file.size() && at - rec->data_offset < (1u << 20); ++at)
+        if (u32_at(file.data() + at) == 0x08074b50 && u32_at(file.data() + at + 8) == at - rec->data_offset) {
+          size = at - rec->data_offset;
+          found = true;
+        }
+      if (!found) throw Error(head + ": it ends inside record " + rec->name);
     }
     if (rec->data_offset + size > file.size())
       throw Error(head + ": it ends inside record " + rec->name + (holds.empty() ? "" : ", " + holds));
@@ -157,8 +165,12 @@ PytorchCheckpointFile::PytorchCheckpointFile(const std::string& path) : file_(pa
       offset += (offset + 28 <= file.size() && u32_at(file.data() + offset + 24) == 0x04034b50) ? 24 : 16;
   }
   if (offset == 0) throw Error(file.path() + ": not a zip archive that torch.save wrote (no end-of-central-directory record)");
-  throw Error(head + ": the records up to byte " + std::to_string(offset) +
-              " are complete, but the central directory after them is cut off");
+  if (offset + 4 <= file.size() && u32_at(file.data() + offset) == 0x02014b50)
+    throw Error(head + ": every record up to byte " + std::to_string(offset) +
+                " is complete, but the central directory after them is cut off");
+  if (file.size() - offset < 30 + 256)
+    throw Error(head + ": it ends inside the header of the record at byte " + std::to_string(offset));
+  throw Error(head + ": the archive is corrupt after byte " + std::to_string(offset));
 }
 
 void PytorchCheckpointFile::read_zip() {

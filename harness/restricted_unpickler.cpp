@@ -71,7 +71,9 @@ class Reader {
     throw Error(source_ + ": pickle byte " + std::to_string(op_pos_) + ": " + what);
   }
   const uint8_t* take(size_t n) {
-    if (n > size_ - pos_) fail(std::string(opcode_name(op_)) + " runs past the end of the data; the pickle is truncated");
+    if (n > size_ - pos_)
+      throw TruncatedPickle(source_ + ": pickle byte " + std::to_string(op_pos_) + ": " + opcode_name(op_) +
+                            " runs past the end of the data; the pickle is truncated");
     const uint8_t* p = data_ + pos_;
     pos_ += n;
     return p;
@@ -84,7 +86,9 @@ class Reader {
   }
   std::string line() {
     const void* nl = std::memchr(data_ + pos_, '\n', size_ - pos_);
-    if (!nl) fail("GLOBAL without a newline; the pickle is truncated");
+    if (!nl)
+      throw TruncatedPickle(source_ + ": pickle byte " + std::to_string(op_pos_) +
+                            ": GLOBAL without a newline; the pickle is truncated");
     size_t n = static_cast<const uint8_t*>(nl) - (data_ + pos_);
     std::string s(reinterpret_cast<const char*>(take(n)), n);
     take(1);
@@ -395,7 +399,7 @@ const char* kind_name(Kind kind) {
 }
 
 Unpickled unpickle(const uint8_t* data, size_t size, size_t start, const std::string& source) {
-  if (start >= size) throw Error(source + ": no pickle at byte " + std::to_string(start) + "; the file is truncated");
+  if (start >= size) throw TruncatedPickle(source + ": no pickle at byte " + std::to_string(start) + "; the file is truncated");
   return Reader(data, size, start, source).run();
 }
 

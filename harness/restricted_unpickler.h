@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "harness/errors.h"
+
 namespace kvevict::pickle {
 
 // A torch storage type as named by its global (torch.FloatStorage, ...).
@@ -55,6 +57,11 @@ struct Value {
   TensorRef tensor;                                      // Tensor
 };
 
+// Thrown (as a kvevict::Error) when a pickle runs past the end of its data.
+struct TruncatedPickle : Error {
+  using Error::Error;
+};
+
 struct Unpickled {
   ValuePtr value;
   size_t end = 0;  // offset just past the STOP opcode
@@ -62,7 +69,7 @@ struct Unpickled {
 
 // Reads one pickle starting at data[start]. `source` names the file (and record) in
 // errors. Throws kvevict::Error "SOURCE: ..." for any opcode or global outside the
-// allowed set, malformed arguments, or a pickle running past `size`.
+// allowed set or malformed arguments; TruncatedPickle for a pickle running past `size`.
 Unpickled unpickle(const uint8_t* data, size_t size, size_t start, const std::string& source);
 
 }  // namespace kvevict::pickle

@@ -102,15 +102,16 @@ void ZipArchive::read_directory(uint64_t directory_offset, uint64_t directory_si
     e.name.assign(reinterpret_cast<const char*>(p + 46), name_len);
     if (!apply_zip64_extra(p + 46 + name_len, extra_len, &e.size, &e.compressed_size, &e.local_header_offset))
       throw Error(path_ + ": corrupt zip archive: record " + e.name + " has a malformed ZIP64 extra field");
+    if (!by_name_.emplace(e.name, entries_.size()).second)
+      throw Error(path_ + ": corrupt zip archive: record " + e.name + " appears twice");
     entries_.push_back(std::move(e));
     p += 46 + name_len + extra_len + comment_len;
   }
 }
 
 const ZipEntry* ZipArchive::find(const std::string& name) const {
-  for (const ZipEntry& e : entries_)
-    if (e.name == name) return &e;
-  return nullptr;
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &entries_[it->second];
 }
 
 std::optional<ZipLocalRecord> ZipArchive::local_record_at(uint64_t offset) const {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,6 +56,7 @@ class ZipArchive {
   size_t size_;
   bool has_directory_ = false;
   std::vector<ZipEntry> entries_;
+  std::map<std::string, size_t> by_name_;
 };
 
 }  // namespace kvevict

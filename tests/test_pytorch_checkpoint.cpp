@@ -277,6 +277,9 @@ TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file an
   SECTION("truncated zip: the file ends inside a storage record") {
     auto dir = copy_model(model, "pickle_truncated");
     auto file = fs::path(dir) / "pytorch_model.bin";
+    fs::resize_file(file, 227000);  // inside the central directory, after every record
+    CHECK_THAT(cli_error(dir), Catch::Contains(file.string()) && Catch::Contains("central directory") &&
+                                   Catch::Contains("cut off"));
     fs::resize_file(file, 110000);  // inside pytorch_model/data/15, at 103504..111760
     auto msg = cli_error(dir);
     CHECK_THAT(msg, Catch::Contains(file.string()) && Catch::Contains("truncated zip archive") &&
