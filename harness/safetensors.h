@@ -16,7 +16,7 @@ struct TensorInfo {
   std::string name;
   std::string dtype;  // "F32", "F16", "BF16", "U8", ...
   std::vector<int64_t> shape;
-  size_t begin = 0, end = 0;  // byte offsets inside the data section
+  size_t begin = 0, end = 0;  // byte offsets in the data section (safetensors) or the file (pickles)
   std::string file;
   // Element strides when the tensor is not row-major (a PyTorch checkpoint may store
   // views); empty means contiguous.
