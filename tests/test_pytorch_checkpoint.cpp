@@ -231,6 +231,25 @@ TEST_CASE("hand-built zip checkpoints: dtypes, offsets, shared and strided stora
   }
 }
 
+TEST_CASE("protocol 4 pickles (FRAME, STACK_GLOBAL, MEMOIZE) are read", "[pickle]") {
+  auto s = [](const std::string& text) {  // SHORT_BINUNICODE, then MEMOIZE
+    return "\x8c" + std::string(1, static_cast<char>(text.size())) + text + "\x94";
+  };
+  // Memo: 0 "collections", 1 "OrderedDict", 2 the OrderedDict global, 3 the state dict.
+  Bytes body = s("collections") + s("OrderedDict") + "\x93\x94)R\x94" + s("w") + s("torch._utils") +
+               s("_rebuild_tensor_v2") + "\x93\x94((" + s("storage") + s("torch") + s("FloatStorage") + "\x93\x94" +
+               s("0") + s("cpu") + "K\x02t\x94QK\x01K\x01\x85\x94K\x01\x85\x94\x89h\x02)R\x94t\x94R\x94s.";
+  Bytes pickle = "\x80\x04\x95";
+  put64(pickle, body.size());
+  pickle += body;
+  auto dir = test::temp_dir("pickle_protocol4");
+  write_file(fs::path(dir) / "pytorch_model.bin",
+             write_zip({{"archive/data.pkl", pickle}, {"archive/data/0", floats({7, 8})}}, false));
+  auto store = WeightStore::open(dir);
+  REQUIRE(store.names() == std::vector<std::string>{"w"});
+  CHECK(torch::equal(store.get("w", torch::kFloat32, torch::kCPU), torch::tensor({8.0f})));
+}
+
 TEST_CASE("a pickle that calls os.system or any other global is refused and nothing runs", "[pickle][security]") {
   auto dir = test::temp_dir("pickle_malicious");
   std::ofstream(fs::path(dir) / "config.json")
