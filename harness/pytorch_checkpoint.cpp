@@ -59,7 +59,9 @@ TensorInfo locate(const std::string& path, const NamedTensor& t, uint64_t storag
   if (needed_bytes > available)
     throw Error(where + ": its storage " + record + " holds " + std::to_string(available) + " bytes, fewer than the " +
                 std::to_string(st.numel) + " elements of " + st.type.global + " it declares; the file is truncated or corrupt");
-  if (ref.storage_offset < 0) throw Error(where + ": negative storage offset");
+  if (ref.storage_offset < 0 || ref.storage_offset > st.numel)
+    throw Error(where + ": storage offset " + std::to_string(ref.storage_offset) + " lies outside its storage " +
+                record + " of " + std::to_string(st.numel) + " elements");
   u128 extent = 0;  // one past the last element the tensor reaches, relative to the offset
   bool empty = false;
   for (size_t i = 0; i < ref.size.size(); ++i) {
