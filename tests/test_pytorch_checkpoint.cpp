@@ -284,8 +284,10 @@ TEST_CASE("a pickle that calls os.system or any other global is refused and noth
         write_file(file, write_zip({{"archive/data.pkl", c.payload}, {"archive/version", "3\n"}}, false));
       auto message = open_error(dir);
       CHECK_THAT(message, Catch::Contains(file.string()) && Catch::Contains(c.named));
-      auto cli = cli_error(dir);
-      CHECK_THAT(cli, Catch::Contains(file.string()) && Catch::Contains(c.named));
+      if (&c == &cases[0] || &c == &cases[1]) {  // the CLI too (it starts LibTorch: slow)
+        auto cli = cli_error(dir);
+        CHECK_THAT(cli, Catch::Contains(file.string()) && Catch::Contains(c.named));
+      }
       CHECK(!fs::exists(marker));
     }
   }
