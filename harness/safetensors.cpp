@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "harness/errors.h"
 #include "harness/files.h"
+#include "harness/pytorch_checkpoint.h"
 
 namespace kvevict {
 namespace {
@@ -116,30 +118,59 @@ torch::Tensor SafetensorsFile::view(const TensorInfo& info) const {
                           torch::TensorOptions().dtype(dt.type));
 }
 
+namespace {
+
+// The shard files an index's weight_map names, each once, with the tensors it says
+// each shard holds.
+std::map<std::string, std::set<std::string>> read_shard_index(const std::filesystem::path& dir,
+                                                              const std::filesystem::path& index) {
+  const nlohmann::json j = read_json_file(index.string());
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(index.string() + ": missing object \"weight_map\"");
+  std::map<std::string, std::set<std::string>> shards;
+  for (auto& [tensor, shard] : j["weight_map"].items()) {
+    if (!shard.is_string()) throw Error(index.string() + ": weight_map entry " + tensor + " is not a file name");
+    shards[(dir / shard.get<std::string>()).string()].insert(tensor);
+  }
+  for (auto& [file, _] : shards)
+    if (!std::filesystem::exists(file))
+      throw Error(index.string() + ": shard " + std::filesystem::path(file).filename().string() +
+                  " listed in weight_map does not exist");
+  return shards;
+}
+
+}  // namespace
+
 WeightStore WeightStore::open(const std::string& model_dir) {
   namespace fs = std::filesystem;
   WeightStore store;
   fs::path dir(model_dir);
-  std::vector<std::string> files;
-  fs::path index = dir / "model.safetensors.index.json";
+  // Safetensors first; PyTorch pickles only where a directory has nothing else.
+  std::map<std::string, std::set<std::string>> files;  // file -> tensors its index promises
+  bool pickles = false;
   if (fs::exists(dir / "model.safetensors")) {
-    files.push_back((dir / "model.safetensors").string());
-  } else if (fs::exists(index)) {
-    const nlohmann::json j = read_json_file(index.string());
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      throw Error(index.string() + ": missing object \"weight_map\"");
-    std::set<std::string> shard_names;
-    for (auto& [tensor, shard] : j["weight_map"].items()) shard_names.insert(shard.get<std::string>());
-    for (auto& s : shard_names) {
-      if (!fs::exists(dir / s))
-        throw Error(index.string() + ": shard " + s + " listed in weight_map does not exist");
-      files.push_back((dir / s).string());
-    }
+    files[(dir / "model.safetensors").string()];
+  } else if (fs::exists(dir / "model.safetensors.index.json")) {
+    files = read_shard_index(dir, dir / "model.safetensors.index.json");
+  } else if (fs::exists(dir / "pytorch_model.bin")) {
+    files[(dir / "pytorch_model.bin").string()];
+    pickles = true;
+  } else if (fs::exists(dir / "pytorch_model.bin.index.json")) {
+    files = read_shard_index(dir, dir / "pytorch_model.bin.index.json");
+    pickles = true;
   } else {
-    throw Error(model_dir + ": no model.safetensors or model.safetensors.index.json");
+    throw Error(model_dir + ": no model.safetensors, model.safetensors.index.json, pytorch_model.bin "
+                "or pytorch_model.bin.index.json");
   }
-  for (auto& f : files) {
-    auto file = std::make_shared<SafetensorsFile>(f);
+  for (auto& [f, promised] : files) {
+    std::shared_ptr<WeightFile> file;
+    if (pickles)
+      file = std::make_shared<PytorchCheckpointFile>(f);
+    else
+      file = std::make_shared<SafetensorsFile>(f);
+    for (const std::string& name : promised)
+      if (!file->tensors().count(name))
+        throw Error(f + ": tensor " + name + " is missing, though the index's weight_map places it in this shard");
     size_t idx = store.files_.size();
     for (auto& [name, info] : file->tensors()) {
       if (store.where_.count(name))
@@ -161,8 +192,8 @@ torch::Tensor WeightStore::get(const std::string& name, torch::ScalarType dtype,
                                const torch::Device& device) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw Error("tensor " + name + " is missing from the checkpoint");
-  torch::Tensor t = files_[it->second.first]->view(it->second.second);
-  return t.to(device, dtype);
+  torch::Tensor t = files_[it->second.first]->view(it->second.second).to(device, dtype);
+  return t.is_contiguous() ? t : t.contiguous();
 }
 
 std::vector<std::string> WeightStore::names() const {

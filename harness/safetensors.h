@@ -1,5 +1,7 @@
-// Memory-mapped safetensors files: one file, or a sharded set behind
-// model.safetensors.index.json. Tensors are views of the mapping until converted.
+// Memory-mapped checkpoint files: safetensors (one file, or a sharded set behind
+// model.safetensors.index.json) or, failing that, PyTorch pickles (pytorch_model.bin,
+// or shards behind pytorch_model.bin.index.json; see pytorch_checkpoint.h). Tensors
+// are views of the mapping until converted.
 #pragma once
 #include <torch/torch.h>
 
@@ -14,20 +16,32 @@ struct TensorInfo {
   std::string name;
   std::string dtype;  // "F32", "F16", "BF16", "U8", ...
   std::vector<int64_t> shape;
-  size_t begin = 0, end = 0;  // byte offsets inside the data section
+  size_t begin = 0, end = 0;  // byte offsets in the data section (safetensors) or the file (pickles)
   std::string file;
+  // Element strides when the tensor is not row-major (a PyTorch checkpoint may store
+  // views); empty means contiguous.
+  std::vector<int64_t> strides;
 };
 
-class SafetensorsFile {
+// One checkpoint file whose tensors are read-only views of its mapping.
+class WeightFile {
+ public:
+  virtual ~WeightFile() = default;
+  virtual const std::map<std::string, TensorInfo>& tensors() const = 0;
+  // A zero-copy view of the mapped bytes where alignment allows, with the stored dtype.
+  virtual torch::Tensor view(const TensorInfo& info) const = 0;
+};
+
+class SafetensorsFile : public WeightFile {
  public:
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
-  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, TensorInfo>& tensors() const override { return tensors_; }
   // A zero-copy view of the mapped bytes, with the stored dtype.
-  torch::Tensor view(const TensorInfo& info) const;
+  torch::Tensor view(const TensorInfo& info) const override;
   const std::string& path() const { return path_; }
 
  private:
@@ -51,7 +65,7 @@ class WeightStore {
   size_t total_bytes() const;
 
  private:
-  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::vector<std::shared_ptr<WeightFile>> files_;
   std::map<std::string, std::pair<size_t, TensorInfo>> where_;
 };
 

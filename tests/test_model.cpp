@@ -158,6 +158,13 @@ TEST_CASE("architectures match their float64 references", "[model][golden][arch]
   check_golden_model("models/tiny-random-gptneox-seq", "golden/tiny_models/tiny-random-gptneox-seq.json");
 }
 
+TEST_CASE("PyTorch-pickle checkpoints match their float64 references", "[model][golden][pickle]") {
+  // float16 zip with OPTModel's decoder.* keys; legacy (pre-1.6) float32; two float32 zip shards.
+  check_golden_model("models/tiny-random-opt-bin", "golden/tiny_models/tiny-random-opt-bin.json");
+  check_golden_model("models/tiny-random-opt-bin-legacy", "golden/tiny_models/tiny-random-opt.json");
+  check_golden_model("models/tiny-random-gptneox-bin-sharded", "golden/tiny_models/tiny-random-gptneox.json");
+}
+
 TEST_CASE("bad checkpoints fail with one line naming the file or tensor", "[model][errors]") {
   SECTION("missing config.json") {
     auto dir = copy_model("models/stories260K-hf", "no_config");

@@ -84,6 +84,11 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
     auto golden = test::read_json(test::data("golden/tiny_models/" + name + ".json"));
     cases.push_back({"models/" + name, golden["tokens"].get<std::vector<int>>()});
   }
+  // The float16 PyTorch-pickle fixture. The other two pickle fixtures load to float32
+  // weights bit-identical to tiny-random-opt and tiny-random-gptneox (checked in
+  // test_pytorch_checkpoint.cpp), so they would repeat those cases exactly.
+  cases.push_back({"models/tiny-random-opt-bin",
+                   test::read_json(test::data("golden/tiny_models/tiny-random-opt-bin.json"))["tokens"].get<std::vector<int>>()});
   // float64 compute isolates the policy logic: any eviction decision that differs
   // between the modes moves log-probs by far more than 1e-9. In float32 the modes sum
   // in different orders (per-token vs batched projections, a gathered cache vs a T x T
