@@ -27,7 +27,9 @@ std::string read_text(const std::string& path) {
 }
 
 std::string temp_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("kvevict_test_" + name);
+  // The process id keeps concurrent test runs (ctest -j, other checkouts) apart.
+  auto dir = std::filesystem::temp_directory_path() /
+             ("kvevict_test_" + std::to_string(::getpid()) + "_" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
