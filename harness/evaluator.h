@@ -33,6 +33,7 @@ struct EvalConfig {
   std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
   int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
   double temperature = 0;    // XSum: 0 is greedy
+  bool greedy = false;       // XSum under --pipeline h2o: greedy instead of the prompt file's temperature
   uint64_t sample_seed = 0;
   std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir
   bool compare_with_full = true;  // also run the full cache for agreement numbers

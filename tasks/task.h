@@ -50,6 +50,7 @@ struct GenerationDoc {
   std::string reference;
   std::vector<std::string> stop;  // generation ends before any of these
   int max_new_tokens = 64;
+  double temperature = -1;  // the prompt file's sampling temperature (-1: the run's own)
 };
 
 // The model's answer to one log-likelihood request.
