@@ -115,7 +115,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
       "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
-      "predictions", "note", "temperature", "file_order", "pipelines", "pipeline"};
+      "predictions", "note", "temperature", "file_order", "pipelines", "pipeline", "greedy"};
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
   SweepPlan plan;
@@ -226,6 +226,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                     "score", std::string(pipeline == Pipeline::H2O ? "mean" : "sum")));
                 e.max_length = config.value("max_length", 1024);
                 e.temperature = config.value("temperature", 0.0);
+                e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
                 e.sample_seed = static_cast<uint64_t>(seed);
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
                 plan.cells.push_back(cell);
