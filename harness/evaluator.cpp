@@ -7,6 +7,7 @@
 
 #include "harness/errors.h"
 #include "harness/files.h"
+#include "harness/h2o_adaptor.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -61,12 +62,18 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
   // A continuation longer than the window is scored on its last max_length tokens.
   const int n_cont = std::min<int>(static_cast<int>(continuation.size()), static_cast<int>(input.size()));
   const int n_ctx = static_cast<int>(input.size()) - n_cont + 1;  // input tokens before the first scored one
-  int prefill = 0, budget_length = 0;
+  // Stream budgets refer to the joint request (L = |ctx + cont|), as the paper's mask.
+  int prefill = 0, budget_length = static_cast<int>(whole.size());
   if (config.protocol == Protocol::PrefillCompress) {
     prefill = std::max(1, n_ctx);
     budget_length = prefill;
   }
-  SequenceScore score = score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back());
+  // The pass covers all L rows where the model can place them, so a non-causal policy
+  // (h2o-global) sees the last row too; its logits are not used.
+  const bool whole_fits = model.arch().positions != PositionKind::Learned ||
+                          static_cast<int64_t>(whole.size()) <= model.arch().max_positions;
+  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length)
+                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back());
   usage->add(score.kv);
   LoglikelihoodResult result;
   result.num_tokens = n_cont;
@@ -81,6 +88,17 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
   return result;
 }
 
+// The H2O adaptor has no BOS and evicts from the first token of the joint request
+// (multiple choice) or prefills the prompt (XSum): say so instead of running something else.
+void check_pipeline(const EvalConfig& config, TaskKind kind) {
+  if (config.task_options.pipeline != Pipeline::H2O) return;
+  if (config.bos.value_or(false)) throw Error("--pipeline h2o runs without BOS (the adaptor's add_special_tokens=False); drop --bos");
+  if (kind == TaskKind::MultipleChoice && config.protocol != Protocol::Stream)
+    throw Error("--pipeline h2o scores multiple choice with the stream protocol (budgets from the joint length); "
+                "--protocol prefill-compress needs --pipeline lm-eval");
+  if (kind == TaskKind::Perplexity) throw Error("--pipeline h2o has no perplexity task; use --pipeline lm-eval");
+}
+
 EvalResult run(const Model& model, const EvalConfig& config, const Progress& progress) {
   auto started = std::chrono::steady_clock::now();
   auto task = make_task(config.task);
@@ -88,14 +106,22 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   EvalResult result;
   Usage usage;
 
+  check_pipeline(config, task->kind());
   if (task->kind() == TaskKind::MultipleChoice) {
     const bool bos = config.bos.value_or(false);
     auto docs = task->multiple_choice_docs(config.task_options);
     std::vector<ChoicePrediction> predictions;
     for (size_t d = 0; d < docs.size(); ++d) {
       std::vector<LoglikelihoodResult> answers;
-      for (const auto& request : docs[d].requests)
-        answers.push_back(score_request(model, *policy, config, request, bos, &usage));
+      for (const auto& request : docs[d].requests) {
+        if (config.task_options.pipeline == Pipeline::H2O) {
+          H2OScoredRequest scored = score_h2o_request(model, *policy, config.mode, request);
+          usage.add(scored.kv);
+          answers.push_back(scored.result);
+        } else {
+          answers.push_back(score_request(model, *policy, config, request, bos, &usage));
+        }
+      }
       DocOutcome outcome;
       outcome.id = docs[d].id;
       outcome.gold = docs[d].gold;
@@ -110,7 +136,8 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   } else if (task->kind() == TaskKind::Generation) {
     if (!policy->realisable())
       throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
-    const bool bos = config.bos.value_or(true);
+    const bool h2o = config.task_options.pipeline == Pipeline::H2O;
+    const bool bos = config.bos.value_or(!h2o);
     auto docs = task->generation_docs(config.task_options);
     std::vector<double> r1, r2, rl;
     for (size_t d = 0; d < docs.size(); ++d) {
@@ -124,6 +151,11 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       options.temperature = docs[d].temperature.value_or(config.temperature);
       options.seed = config.sample_seed + d;
       options.stream = config.protocol == Protocol::Stream;
+      if (h2o) {
+        // utils_hh: the prompt runs with full attention, eviction only while decoding.
+        options.stream = false;
+      }
+      if (config.greedy) options.temperature = 0;
       Generation generation = generate(model, *policy, prompt, options);
       usage.add(generation.kv);
       DocOutcome outcome;

@@ -34,6 +34,7 @@ struct EvalConfig {
   std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
   int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
   double temperature = 0;    // generation: 0 is greedy (a request file's own temperature wins)
+  bool greedy = false;       // generation: greedy even where the prompt file names a temperature
   uint64_t sample_seed = 0;
   std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir
   bool compare_with_full = true;  // also run the full cache for agreement numbers

@@ -17,6 +17,7 @@
 #include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/files.h"
+#include "harness/h2o_adaptor.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -46,7 +47,7 @@ namespace {
 
 // Identity columns: a cell is finished when results.csv holds rows with its key.
 const std::vector<std::string> kIdentityColumns = {"model", "task", "policy", "budget", "budget_tokens",
-                                                   "heavy_share", "protocol", "mode", "score", "shots",
+                                                   "heavy_share", "protocol", "mode", "score", "pipeline", "shots",
                                                    "seed", "limit"};
 
 // Policies whose budget has no heavy/recent split.
@@ -74,6 +75,7 @@ ResultRow identity_row(const std::string& model, const EvalConfig& c) {
   row.protocol = protocol_name(c.protocol);
   row.mode = mode_name(c.mode);
   row.score = score_mode_name(c.score);
+  row.pipeline = pipeline_name(c.task_options.pipeline);
   row.shots = c.task_options.shots;
   row.seed = c.task_options.seed;
   if (c.task_options.limit >= 0) row.limit = c.task_options.limit;
@@ -118,7 +120,8 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
       "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
-      "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype"};
+      "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype", "pipelines",
+      "pipeline", "greedy"};
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
   SweepPlan plan;
@@ -135,6 +138,17 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
   auto shots = axis<int>(config, path, "shots", {0});
   auto seeds = axis<int>(config, path, "seeds", {42});
+  // "pipelines": ["lm-eval", "h2o"] (or "pipeline": "h2o"); part of each cell's identity.
+  if (config.contains("pipelines") && config.contains("pipeline"))
+    throw Error(path + ": give \"pipelines\" or \"pipeline\", not both");
+  std::vector<Pipeline> pipelines;
+  for (const auto& name : axis<std::string>(config, path, config.contains("pipeline") ? "pipeline" : "pipelines", {"lm-eval"})) {
+    try {
+      pipelines.push_back(parse_pipeline(name));
+    } catch (const Error& e) {
+      throw Error(path + ": key \"pipelines\": " + e.what());
+    }
+  }
   // "limit": N for every task, or {"xsum": 5, "*": 100} per task.
   auto limit_for = [&](const std::string& task) {
     if (!config.contains("limit")) return -1;
@@ -170,6 +184,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
 
   for (const auto& model : models)
     for (const auto& task : tasks)
+     for (Pipeline pipeline : pipelines)
       for (const auto& protocol : protocols)
         for (int shot : shots)
           for (int seed : seeds)
@@ -204,6 +219,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                 e.task_options.seed = seed;
                 e.task_options.limit = limit_for(task);
                 e.task_options.lm_eval_shuffle = !config.value("file_order", false);
+                e.task_options.pipeline = pipeline;
                 e.policy = policy;
                 e.policy_options = base_options;
                 e.policy_options.seed = static_cast<uint64_t>(seed);
@@ -212,9 +228,12 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                 e.policy_options.budget.heavy_share = share;
                 e.mode = parse_mode(config.value("mode", std::string("sim")));
                 e.protocol = parse_protocol(protocol);
-                e.score = parse_score_mode(config.value("score", std::string("sum")));
+                // The H2O adaptor's log-likelihood is a mean unless the config says otherwise.
+                e.score = parse_score_mode(config.value(
+                    "score", std::string(pipeline == Pipeline::H2O ? "mean" : "sum")));
                 e.max_length = config.value("max_length", 1024);
                 e.temperature = config.value("temperature", 0.0);
+                e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
                 e.sample_seed = static_cast<uint64_t>(seed);
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
                 plan.cells.push_back(cell);
@@ -287,7 +306,7 @@ std::string cell_label(const SweepCell& cell) {
   if (!f["budget"].empty()) label += " budget=" + f["budget"];
   if (!f["budget_tokens"].empty()) label += " budget_tokens=" + f["budget_tokens"];
   if (!f["heavy_share"].empty()) label += " heavy_share=" + f["heavy_share"];
-  label += " protocol=" + f["protocol"] + " shots=" + f["shots"] + " seed=" + f["seed"];
+  label += " protocol=" + f["protocol"] + " pipeline=" + f["pipeline"] + " shots=" + f["shots"] + " seed=" + f["seed"];
   return label;
 }
 
@@ -390,7 +409,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
     // Full-cache reference runs are shared by every policy cell with the same task settings.
     std::string full_key = cell->model + "|" + cell->eval.task + "|" + std::to_string(cell->eval.task_options.shots) +
                            "|" + std::to_string(cell->eval.task_options.seed) + "|" + score_mode_name(cell->eval.score) +
-                           "|" + protocol_name(cell->eval.protocol);
+                           "|" + protocol_name(cell->eval.protocol) + "|" + pipeline_name(cell->eval.task_options.pipeline);
     EvalResult result = evaluate(*model, cell->eval, [&](int d, int t) { progress.examples(d, t); }, &full_runs[full_key]);
     if (cell->eval.policy == "full" && !full_runs[full_key]) full_runs[full_key] = result;
     progress.end_cell();

@@ -12,6 +12,7 @@
 #include "harness/errors.h"
 #include "harness/evaluator.h"
 #include "harness/slurm.h"
+#include "harness/h2o_adaptor.h"
 #include "harness/sweep.h"
 #include "notebooks-export/notebook.h"
 #include "notebooks-export/results_csv.h"
@@ -24,6 +25,8 @@ namespace {
 
 struct EvalArgs {
   std::string model, task, mode = "sim", protocol = "stream", score = "sum", format = "json", predictions;
+  std::string pipeline = "lm-eval";
+  bool greedy = false;
   int shots = 0, limit = -1, max_length = 1024, fewshot_seed = 42;
   bool no_bos = false, bos = false, file_order = false, helm_truncate = false;
   double temperature = 0;
@@ -70,6 +73,10 @@ int run_eval(const std::string& data_override) {
   config.mode = parse_mode(a.mode);
   config.protocol = parse_protocol(a.protocol);
   config.score = parse_score_mode(a.score);
+  config.task_options.pipeline = parse_pipeline(a.pipeline);
+  // The H2O adaptor's log-likelihood is the mean over its scored positions.
+  if (config.task_options.pipeline == Pipeline::H2O && eval_cmd->count("--score") == 0) config.score = ScoreMode::Mean;
+  config.greedy = a.greedy;
   if (a.bos) config.bos = true;
   if (a.no_bos) config.bos = false;
   config.max_length = a.max_length;
@@ -88,7 +95,8 @@ int run_eval(const std::string& data_override) {
     j["policy"] = config.policy;
     j["mode"] = a.mode;
     j["protocol"] = a.protocol;
-    j["score"] = a.score;
+    j["score"] = score_mode_name(config.score);
+    j["pipeline"] = a.pipeline;
     j["shots"] = a.shots;
     j["n"] = result.n;
     for (const auto& m : result.metrics) j["metrics"][m.name] = {{"value", m.value}, {"stderr", m.stderr_}};
@@ -187,6 +195,11 @@ void register_task_commands(CLI::App& app) {
   eval_cmd->add_option("--seed", a.seed, "generation sampling seed")->capture_default_str();
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");
   eval_cmd->add_flag("--helm-truncate", a.helm_truncate, "XSum: cut articles to 512 words as HELM does");
+  eval_cmd->add_option("--pipeline", a.pipeline,
+                       "lm-eval (lm-eval 0.3 / HELM requests) or h2o (the H2O repository's adaptor: ftfy, joint "
+                       "tokens, mean score, no BOS; XSum from its prompt file)")
+      ->capture_default_str();
+  eval_cmd->add_flag("--greedy", a.greedy, "generation under --pipeline h2o (XSum, CNN/DM): greedy decoding instead of the prompt file's temperature");
   eval_cmd->add_option("--format", a.format, "json or csv")->capture_default_str();
   eval_cmd->add_option("--predictions", a.predictions, "write per-example predictions as JSONL");
   a.runtime.add_to(*eval_cmd);

@@ -91,7 +91,7 @@ def show(fig):
     plt.close(fig)
     display(Image(data=buffer.getvalue())))py";
 
-const char* const kLoadCode = R"py(TEXT_COLUMNS = ["model", "task", "policy", "protocol", "mode", "score", "metric", "version"]
+const char* const kLoadCode = R"py(TEXT_COLUMNS = ["model", "task", "policy", "protocol", "mode", "score", "pipeline", "metric", "version"]
 
 # Read everything as text first so that names such as "NA" stay names, then convert
 # the numeric columns; an empty field means "not applicable" and becomes NaN.
@@ -104,8 +104,8 @@ df.groupby(["task", "metric", "policy"], sort=False).size().rename("rows").to_fr
 
 const char* const kHelperCode = R"py(# Settings that split a figure into several lines when they vary inside it.
 # heavy_ratio / recent_ratio follow from budget x heavy_share, so they never split lines.
-BUDGET_SPLIT = ["model", "protocol", "mode", "score", "shots", "limit", "seed", "heavy_share"]
-ABLATION_SPLIT = ["model", "protocol", "mode", "score", "shots", "limit", "seed"]
+BUDGET_SPLIT = ["model", "protocol", "mode", "score", "pipeline", "shots", "limit", "seed", "heavy_share"]
+ABLATION_SPLIT = ["model", "protocol", "mode", "score", "pipeline", "shots", "limit", "seed"]
 
 
 def text(value):

@@ -24,10 +24,25 @@ namespace {
 const std::vector<std::string> kColumns = {
     "model",         "task",   "policy", "budget",   "budget_tokens",
     "heavy_share",   "heavy_ratio",      "recent_ratio",      "protocol",
-    "mode",          "score",  "shots",  "seed",     "limit",
+    "mode",          "score",  "pipeline",         "shots",  "seed",     "limit",
     "metric",        "value",  "stderr", "n",        "agreement_with_full",
     "mean_abs_ll_change",      "kv_tokens_kept",     "kv_bytes_peak",
     "seconds",       "version"};
+
+// The columns before the pipeline column existed; such files still read (as lm-eval),
+// and an append first rewrites them with the current header.
+std::vector<std::string> legacy_columns() {
+  std::vector<std::string> columns;
+  for (const auto& c : kColumns)
+    if (c != "pipeline") columns.push_back(c);
+  return columns;
+}
+
+std::string joined(const std::vector<std::string>& columns) {
+  std::string line;
+  for (std::size_t i = 0; i < columns.size(); ++i) line += (i ? "," : "") + columns[i];
+  return line;
+}
 
 std::string system_error(const std::string& what) {
   return what + ": " + std::strerror(errno);
@@ -319,6 +334,7 @@ std::map<std::string, std::string> ResultRow::fields() const {
       {"protocol", protocol},
       {"mode", mode},
       {"score", score},
+      {"pipeline", pipeline},
       {"shots", optional_integer(shots)},
       {"seed", optional_integer(seed)},
       {"limit", optional_integer(limit)},
@@ -349,6 +365,8 @@ ResultRow ResultRow::from_fields(const std::map<std::string, std::string>& field
   row.protocol = field_or_empty(fields, "protocol");
   row.mode = field_or_empty(fields, "mode");
   row.score = field_or_empty(fields, "score");
+  row.pipeline = field_or_empty(fields, "pipeline");
+  if (row.pipeline.empty()) row.pipeline = "lm-eval";
   row.shots = optional_int_field(fields, "shots");
   row.seed = optional_int_field(fields, "seed");
   row.limit = optional_int_field(fields, "limit");
@@ -379,6 +397,20 @@ std::string format_row(const ResultRow& row) {
 
 void append_rows_durably(const std::string& path, const std::vector<ResultRow>& rows) {
   if (rows.empty()) return;
+  {
+    // A file from before the pipeline column: rewrite it with the current header first.
+    std::ifstream in(path, std::ios::binary);
+    std::string first_line;
+    if (in && std::getline(in, first_line) && first_line == joined(legacy_columns())) {
+      in.close();
+      const auto old_rows = read_results_csv(path, /*repair=*/false);
+      const std::string tmp = path + ".upgrade.tmp";
+      std::filesystem::remove(tmp);
+      append_rows_durably(tmp, old_rows.empty() ? std::vector<ResultRow>{} : old_rows);
+      if (old_rows.empty()) std::ofstream(tmp, std::ios::binary) << result_header() << '\n';
+      std::filesystem::rename(tmp, path);
+    }
+  }
   // Format everything before touching the file, so a bad row writes nothing.
   std::string payload;
   for (const auto& row : rows) payload += format_row(row) + '\n';
@@ -430,11 +462,13 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
   std::string raw_first = text.substr(first.begin, first.end - first.begin);
   if (!first.terminated && records.size() == 1 && header.compare(0, raw_first.size(), raw_first) == 0) {
     keep_until = 0;  // a header torn by a kill during the very first append
-  } else if (!first.problem.empty() || first.fields != kColumns || !first.terminated) {
+  } else if (!first.problem.empty() || (first.fields != kColumns && first.fields != legacy_columns()) ||
+             !first.terminated) {
     throw Error(path + ":1: expected the results header '" + header + "'");
   }
+  const std::vector<std::string> file_columns = first.fields == legacy_columns() ? legacy_columns() : kColumns;
 
-  const std::size_t column_count = kColumns.size();
+  const std::size_t column_count = file_columns.size();
   for (std::size_t i = 1; i < records.size(); ++i) {
     const CsvRecord& record = records[i];
     const bool malformed = !record.problem.empty() || record.fields.size() != column_count;
@@ -448,7 +482,7 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
       throw Error(where + "expected " + std::to_string(column_count) + " fields, found " +
                   std::to_string(record.fields.size()));
     std::map<std::string, std::string> fields;
-    for (std::size_t c = 0; c < column_count; ++c) fields[kColumns[c]] = record.fields[c];
+    for (std::size_t c = 0; c < column_count; ++c) fields[file_columns[c]] = record.fields[c];
     try {
       rows.push_back(ResultRow::from_fields(fields));
     } catch (const Error& error) {

@@ -25,6 +25,7 @@ struct ResultRow {
   std::string protocol;  // "stream" or "prefill-compress"
   std::string mode;      // "decode" or "simulation"
   std::string score;
+  std::string pipeline = "lm-eval";  // "lm-eval" or "h2o"; older files without the column read as lm-eval
   std::optional<int> shots;
   std::optional<int> seed;
   std::optional<int> limit;

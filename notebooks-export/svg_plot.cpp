@@ -21,9 +21,9 @@ using Fields = std::map<std::string, std::string>;
 // Settings that may vary inside one figure; when one does, it splits the lines and
 // appears in the legend. heavy_ratio / recent_ratio are left out: they follow from
 // budget x heavy_share and would split a budget sweep into single points.
-const std::vector<std::string> kBudgetSplitColumns = {"model", "protocol", "mode",  "score",
+const std::vector<std::string> kBudgetSplitColumns = {"model", "protocol", "mode",  "score", "pipeline",
                                                       "shots", "limit",    "seed",  "heavy_share"};
-const std::vector<std::string> kAblationSplitColumns = {"model", "protocol", "mode", "score",
+const std::vector<std::string> kAblationSplitColumns = {"model", "protocol", "mode", "score", "pipeline",
                                                         "shots", "limit",    "seed"};
 
 struct TaskMetricGroup {

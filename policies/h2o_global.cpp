@@ -23,6 +23,9 @@ class H2OGlobalPolicy : public Policy {
                 "it runs in --mode sim only");
   }
 
+  // heavy = int(h*L), recent = int(r*L), as the paper sizes its masks.
+  Budget layer_budget(int, const SequenceShape& shape) const override { return paper_split_budget(shape); }
+
   void simulate_layer(int layer, const SequenceShape& shape, int T, const float* logits,
                       float* probs) const override {
     const Budget budget = layer_budget(layer, shape);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -45,6 +47,42 @@ Budget Policy::layer_budget(int /*layer*/, const SequenceShape& shape) const {
   int heavy = static_cast<int>(rest * share);
   budget.recent = rest - heavy;
   budget.capacity = total;
+  return budget;
+}
+
+namespace {
+
+// The double nearest to x's 12-significant-digit decimal: products such as 0.7*0.2
+// (0.13999999999999999) become the 0.14 a user would have typed, so int(h*L) agrees
+// with the paper's int(0.14*L).
+double snap_decimal(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.12g", x);
+  return std::strtod(text, nullptr);
+}
+
+}  // namespace
+
+std::pair<double, double> Policy::heavy_recent_ratios() const {
+  const BudgetSpec& b = options_.budget;
+  if (b.heavy_ratio >= 0 || b.recent_ratio >= 0)
+    return {std::max(0.0, b.heavy_ratio), std::max(0.0, b.recent_ratio)};
+  if (b.ratio > 0) {
+    const double share = b.heavy_share >= 0 ? b.heavy_share : default_heavy_share();
+    return {snap_decimal(share * b.ratio), snap_decimal((1 - share) * b.ratio)};
+  }
+  return {-1, -1};
+}
+
+Budget Policy::paper_split_budget(const SequenceShape& shape) const {
+  const BudgetSpec& b = options_.budget;
+  if (b.tokens > 0 && b.heavy_ratio < 0 && b.recent_ratio < 0) return Policy::layer_budget(0, shape);
+  const auto [heavy_ratio, recent_ratio] = heavy_recent_ratios();
+  if (heavy_ratio < 0) return Policy::layer_budget(0, shape);  // no budget: total_budget() says so
+  Budget budget;
+  const int heavy = static_cast<int>(heavy_ratio * shape.length);
+  budget.recent = static_cast<int>(recent_ratio * shape.length);
+  budget.capacity = heavy + budget.recent;
   return budget;
 }
 

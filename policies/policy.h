@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvevict {
@@ -92,6 +93,11 @@ class Policy {
   virtual Budget layer_budget(int layer, const SequenceShape& shape) const;
   // Throws kvevict::Error when the budget does not fit the sequence.
   void validate(const SequenceShape& shape) const;
+  // The heavy-hitter and recent ratios of the budget, however it was asked for
+  // (--heavy-ratio/--recent-ratio, or --budget B with heavy share S as S*B and (1-S)*B),
+  // each snapped to the decimal it stands for, so 0.5*0.2 is the paper's 0.1.
+  // Negative when the budget was given in tokens.
+  std::pair<double, double> heavy_recent_ratios() const;
 
   // Realisable policies: the per-layer state driving both modes.
   virtual std::unique_ptr<LayerState> make_layer_state(int layer,
@@ -107,6 +113,10 @@ class Policy {
  protected:
   // The total budget in tokens before any split.
   int total_budget(const SequenceShape& shape) const;
+  // The paper's split for the H2O simulations: heavy = int(h*L) and recent = int(r*L)
+  // separately (L = shape.length), for every way of asking; a token budget splits as
+  // int(share*B) heavy and the rest recent.
+  Budget paper_split_budget(const SequenceShape& shape) const;
   PolicyOptions options_;
 };
 

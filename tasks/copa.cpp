@@ -1,7 +1,8 @@
 // COPA (SuperGLUE validation, 100 docs) as lm-eval 0.3's superglue.Copa: the premise
 // without its final character plus " because" / " therefore"; each choice continues it
-// with a lower-cased first letter. Few-shot examples come from the 32-example FewGLUE
-// train split (lm-eval draws from the full 400-example SuperGLUE train split).
+// with a lower-cased first letter. Few-shot examples come from the full 400-example
+// SuperGLUE train split, as lm-eval draws them (the 32-example FewGLUE split only where
+// the full one is not shipped).
 #include <memory>
 
 #include "tasks/fewshot.h"
@@ -46,7 +47,8 @@ class CopaTask : public Task {
   std::vector<MultipleChoiceDoc> multiple_choice_docs(const TaskOptions& options) const override {
     const auto eval = load_copa(data_file(options.data_dir, "copa/val.jsonl"));
     std::vector<LmEvalDoc> train;
-    if (options.shots > 0) train = load_copa(data_file(options.data_dir, "copa/train32.jsonl"));
+    if (options.shots > 0)
+      train = load_copa(training_split(options.data_dir, {"copa/train.jsonl", "copa/train32.jsonl"}));
     return lm_eval_requests(eval, &train, options, name());
   }
 };

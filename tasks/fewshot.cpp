@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <unordered_set>
 
 #include "harness/errors.h"
+#include "tasks/jsonl.h"
 
 namespace kvevict {
 
@@ -157,6 +159,16 @@ FewshotSchedule lm_eval_schedule(const std::vector<std::string>& eval_identities
     schedule.examples.push_back(std::move(examples));
   }
   return schedule;
+}
+
+std::string training_split(const std::string& data_dir, const std::vector<std::string>& candidates) {
+  std::string tried;
+  for (const auto& relative : candidates) {
+    const std::string path = data_file(data_dir, relative);
+    if (std::filesystem::exists(path)) return path;
+    tried += (tried.empty() ? "" : ", ") + path;
+  }
+  throw Error("missing data file: none of " + tried);
 }
 
 std::string append_partial_context(const std::string& context, const std::string& partial) {

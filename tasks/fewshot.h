@@ -78,6 +78,11 @@ std::vector<MultipleChoiceDoc> lm_eval_requests(const std::vector<LmEvalDoc>& ev
                                                 const TaskOptions& options,
                                                 const std::string& what);
 
+// The training split few-shot examples come from: the first of `candidates` (relative to
+// the data folder) that exists, so the full split is used where it is shipped and a small
+// one only where it is not. Throws naming the candidates when none exists.
+std::string training_split(const std::string& data_dir, const std::vector<std::string>& candidates);
+
 // Winogrande's append_context: split the context on "\n\n" the way Python's str.split
 // does, drop the last piece (the document's own text) and put `partial` in its place.
 std::string append_partial_context(const std::string& context, const std::string& partial);

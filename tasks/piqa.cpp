@@ -1,7 +1,8 @@
 // PIQA (validation, 1838 docs; labels in valid-labels.lst) as lm-eval 0.3's piqa.PiQA:
-// "Question: <goal>\nAnswer:" continued by " <sol>". No training split is shipped, so
-// few-shot examples are drawn the way lm-eval does for tasks without one: from the
-// evaluation split, minus the document itself.
+// "Question: <goal>\nAnswer:" continued by " <sol>". Few-shot examples come from the
+// training split (train.jsonl + train-labels.lst) as lm-eval draws them; without it, the
+// way lm-eval does for tasks without one: from the evaluation split, minus the document.
+#include <filesystem>
 #include <memory>
 
 #include "tasks/fewshot.h"
@@ -10,14 +11,13 @@
 namespace kvevict {
 namespace {
 
-std::vector<LmEvalDoc> load_piqa(const std::string& data_dir) {
-  const std::string labels_path = data_file(data_dir, "piqa/valid-labels.lst");
-  const auto rows = read_jsonl(data_file(data_dir, "piqa/valid.jsonl"));
+std::vector<LmEvalDoc> load_piqa(const std::string& rows_path, const std::string& labels_path) {
+  const auto rows = read_jsonl(rows_path);
   auto labels = read_text_lines(labels_path);
   if (!labels.empty() && labels.back().text.empty()) labels.pop_back();
   if (labels.size() != rows.size())
     throw Error(labels_path + ": " + std::to_string(labels.size()) + " labels for " +
-                std::to_string(rows.size()) + " documents in piqa/valid.jsonl");
+                std::to_string(rows.size()) + " documents in " + rows_path);
 
   std::vector<LmEvalDoc> docs;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -48,7 +48,14 @@ class PiqaTask : public Task {
   TaskKind kind() const override { return TaskKind::MultipleChoice; }
   std::vector<std::string> metric_names() const override { return {"acc", "acc_norm"}; }
   std::vector<MultipleChoiceDoc> multiple_choice_docs(const TaskOptions& options) const override {
-    return lm_eval_requests(load_piqa(options.data_dir), nullptr, options, name());
+    const auto eval = load_piqa(data_file(options.data_dir, "piqa/valid.jsonl"),
+                                data_file(options.data_dir, "piqa/valid-labels.lst"));
+    const std::string train_rows = data_file(options.data_dir, "piqa/train.jsonl");
+    const std::string train_labels = data_file(options.data_dir, "piqa/train-labels.lst");
+    if (options.shots == 0 || !std::filesystem::exists(train_rows) || !std::filesystem::exists(train_labels))
+      return lm_eval_requests(eval, nullptr, options, name());
+    const auto train = load_piqa(train_rows, train_labels);
+    return lm_eval_requests(eval, &train, options, name());
   }
 };
 

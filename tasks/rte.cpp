@@ -1,7 +1,8 @@
 // RTE as lm-eval 0.3's glue.RTE (the same 277 validation pairs as SuperGLUE RTE, which is
 // the format shipped): "<premise>\nQuestion: <hypothesis> True or False?\nAnswer:" with
 // the choices " True" (entailment, label 0) and " False" (not_entailment, label 1).
-// Few-shot examples come from the 32-example FewGLUE train split (lm-eval: full train).
+// Few-shot examples come from the full 2490-pair train split, as lm-eval draws them (the
+// 32-example FewGLUE split only where the full one is not shipped).
 #include <memory>
 
 #include "tasks/fewshot.h"
@@ -39,7 +40,8 @@ class RteTask : public Task {
   std::vector<MultipleChoiceDoc> multiple_choice_docs(const TaskOptions& options) const override {
     const auto eval = load_rte(data_file(options.data_dir, "rte/val.jsonl"));
     std::vector<LmEvalDoc> train;
-    if (options.shots > 0) train = load_rte(data_file(options.data_dir, "rte/train32.jsonl"));
+    if (options.shots > 0)
+      train = load_rte(training_split(options.data_dir, {"rte/train.jsonl", "rte/train32.jsonl"}));
     return lm_eval_requests(eval, &train, options, name());
   }
 };

@@ -1,9 +1,10 @@
 // Winogrande (1.1 dev, 1267 docs) as lm-eval 0.3's winogrande.Winogrande, by partial
 // evaluation: the sentence up to the blank, filled with each option, is the context
 // and the rest of the sentence (" " + stripped) is the shared continuation. A few-shot
-// example is the sentence filled with its correct option. No training split is shipped,
-// so examples are drawn from the dev split minus the document itself (lm-eval draws
-// from winogrande_xl train).
+// example is the sentence filled with its correct option, drawn from winogrande_xl train
+// as lm-eval does (train_xl_noqid.jsonl: HF's rows, which have no qID); without it, from
+// the dev split minus the document itself.
+#include <filesystem>
 #include <memory>
 
 #include "tasks/fewshot.h"
@@ -24,7 +25,8 @@ std::vector<LmEvalDoc> load_winogrande(const std::string& path) {
     if (blank == std::string::npos) row.fail("sentence has no \"_\" blank");
 
     LmEvalDoc doc;
-    doc.id = row.string_field("qID");
+    // HF's winogrande_xl train rows carry no qID: the line number stands in.
+    doc.id = row.value.contains("qID") ? row.string_field("qID") : std::to_string(row.line);
     const std::string before = sentence.substr(0, blank);
     const std::string continuation = " " + python_strip(sentence.substr(blank + 1));
     for (const char* key : {"option1", "option2"}) {
@@ -51,8 +53,12 @@ class WinograndeTask : public Task {
   TaskKind kind() const override { return TaskKind::MultipleChoice; }
   std::vector<std::string> metric_names() const override { return {"acc"}; }
   std::vector<MultipleChoiceDoc> multiple_choice_docs(const TaskOptions& options) const override {
-    return lm_eval_requests(load_winogrande(data_file(options.data_dir, "winogrande/dev.jsonl")),
-                            nullptr, options, name());
+    const auto eval = load_winogrande(data_file(options.data_dir, "winogrande/dev.jsonl"));
+    const std::string train_path = data_file(options.data_dir, "winogrande/train_xl_noqid.jsonl");
+    if (options.shots == 0 || !std::filesystem::exists(train_path))
+      return lm_eval_requests(eval, nullptr, options, name());
+    const auto train = load_winogrande(train_path);
+    return lm_eval_requests(eval, &train, options, name());
   }
 };
 

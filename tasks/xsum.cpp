@@ -57,6 +57,35 @@ std::vector<XsumDoc> load_xsum(const std::string& path, bool helm_truncate) {
   return docs;
 }
 
+// The H2O repository's HELM run reads its prompts from xsum_0shot.jsonl as they are:
+// the prompt, the reference, the stop sequences, max_tokens and the temperature.
+std::vector<GenerationDoc> h2o_prompt_file_docs(const TaskOptions& options) {
+  const std::string path = data_file(options.data_dir, "xsum/xsum_0shot.jsonl");
+  if (options.shots != 0)
+    throw Error(path + ": --pipeline h2o uses H2O's 0-shot prompt file as it is; " + std::to_string(options.shots) +
+                "-shot XSum needs --pipeline lm-eval");
+  std::vector<GenerationDoc> out;
+  for (const JsonLine& row : read_jsonl(path)) {
+    if (options.limit >= 0 && out.size() >= static_cast<size_t>(options.limit)) break;
+    GenerationDoc doc;
+    doc.id = std::to_string(out.size());
+    doc.prompt = row.string_field("article");
+    doc.reference = row.string_field("summary_gt");
+    const auto& stop = row.field("stop");
+    if (!stop.is_array()) row.fail("field \"stop\" must be a list of strings");
+    for (const auto& s : stop) {
+      if (!s.is_string()) row.fail("field \"stop\" must be a list of strings");
+      doc.stop.push_back(s.get<std::string>());
+    }
+    doc.max_new_tokens = static_cast<int>(row.int_field("max_tokens"));
+    const auto& temperature = row.field("temperature");
+    if (!temperature.is_number() || temperature.get<double>() < 0) row.fail("field \"temperature\" must be a number >= 0");
+    doc.temperature = temperature.get<double>();
+    out.push_back(std::move(doc));
+  }
+  return out;
+}
+
 class XsumTask : public Task {
  public:
   std::string name() const override { return "xsum"; }
@@ -64,6 +93,7 @@ class XsumTask : public Task {
   std::vector<std::string> metric_names() const override { return {"rouge1", "rouge2", "rougeL"}; }
 
   std::vector<GenerationDoc> generation_docs(const TaskOptions& options) const override {
+    if (options.pipeline == Pipeline::H2O) return h2o_prompt_file_docs(options);
     const std::string path = data_file(options.data_dir, "xsum/xsum_test_1000.jsonl");
     const auto docs = load_xsum(path, options.xsum_helm_truncate);
     if (options.shots < 0) throw Error("xsum: shots must be >= 0");

@@ -179,9 +179,10 @@ std::string xml_problem(const std::string& xml) {
 
 TEST_CASE("result columns are the tidy CSV schema", "[export]") {
   auto columns = kvevict::result_columns();
-  REQUIRE(columns.size() == 24);
+  REQUIRE(columns.size() == 25);
   CHECK(columns.front() == "model");
-  CHECK(columns[15] == "value");
+  CHECK(columns[11] == "pipeline");
+  CHECK(columns[16] == "value");
   CHECK(columns.back() == "version");
   CHECK(kvevict::result_header().substr(0, 26) == "model,task,policy,budget,b");
 }
@@ -193,7 +194,7 @@ TEST_CASE("format_row quotes per RFC 4180 and leaves n/a fields empty", "[export
   row.shots = std::nullopt;
   row.seed = std::nullopt;
   CHECK(kvevict::format_row(row) ==
-        "\"org/model, v2\",copa,full,,,,,,stream,simulation,\"say \"\"hi\"\"\",,,,acc,0.2,,100,"
+        "\"org/model, v2\",copa,full,,,,,,stream,simulation,\"say \"\"hi\"\"\",lm-eval,,,,acc,0.2,,100,"
         ",,12.5,123456789012,1.5,0.1.0");
 }
 
@@ -276,7 +277,7 @@ TEST_CASE("a malformed line in the middle is an error naming file:line", "[expor
   write_text(path, header + good + "tiny-llama,copa,broken\n" + good);
   auto message = error_message([&] { kvevict::read_results_csv(path, true); });
   CHECK_THAT(message, Catch::Contains(path + ":3:"));
-  CHECK_THAT(message, Catch::Contains("expected 24 fields"));
+  CHECK_THAT(message, Catch::Contains("expected 25 fields"));
   CHECK(kvevict::test::read_text(path) == header + good + "tiny-llama,copa,broken\n" + good);
 
   ResultRow bad_budget = make_row("copa", "h2o", 0.2, "acc", 0.7);

@@ -114,7 +114,9 @@ TEST_CASE("few-shot contexts are joined the lm-eval 0.3 way", "[tasks][fewshot]"
 
 TEST_CASE("COPA requests match lm-eval 0.3", "[tasks][copa]") {
   // random.Random(42).shuffle(range(100)) puts val doc idx 42 first; its 2-shot examples
-  // are train32.jsonl lines 14 and 21 (rnd.sample(range(32), 2) == [13, 20] after the shuffle).
+  // come from the full train split: rnd.sample(range(400), 2) == [108, 290] after the
+  // shuffle -> train.jsonl idx 108 and 290 (checked with Python 3's random module). With
+  // the 32-example split they were train32.jsonl lines 14 and 21.
   const std::string query = "The pair of students came under scrutiny by the teacher because";
   const std::string choice1 = " the students both received excellent grades.";
   const std::string choice2 = " their responses on the assignment were identical.";
@@ -133,8 +135,8 @@ TEST_CASE("COPA requests match lm-eval 0.3", "[tasks][copa]") {
 
   const auto two = first_doc("copa", 2);
   const std::string context =
-      "The milk stayed cold because i stored it in the refrigerator.\n\n"
-      "The woman betrayed her friend therefore her friend cut off contact with her.\n\n" +
+      "The bartender refused to serve the patron because the patron was drunk.\n\n"
+      "The girl politely declined the hamburger because she was a vegetarian.\n\n" +
       query;
   CHECK(two.id == "42");
   REQUIRE(two.requests.size() == 2);
@@ -157,9 +159,11 @@ TEST_CASE("COPA in file order starts with the file's first line", "[tasks][copa]
 }
 
 TEST_CASE("PIQA requests match lm-eval 0.3", "[tasks][piqa]") {
-  // First after the shuffle: valid.jsonl line 718 (label 0). No train split: 2-shot draws
-  // rnd.sample(range(1838), 3) == [1540, 1533, 1605], none of them the doc itself, so the
-  // examples are lines 1541 and 1534 (labels 1 and 1).
+  // First after the shuffle: valid.jsonl line 718 (label 0). 2-shot examples come from the
+  // train split: rnd.sample(range(16113), 2) == [12327, 12264] -> train.jsonl lines 12328
+  // and 12265 with their train-labels.lst answers (checked with Python 3's random module).
+  // Drawn from the validation split, as before the train split was shipped, they were
+  // valid.jsonl lines 1541 and 1534.
   const std::string query = "Question: Remove seeds from  strawberries\nAnswer:";
   const std::string sol1 =
       "Blend the strawberries, pour the mixture through a fine-mesh strainer with a bowl "
@@ -180,9 +184,10 @@ TEST_CASE("PIQA requests match lm-eval 0.3", "[tasks][piqa]") {
 
   const auto two = first_doc("piqa", 2);
   const std::string context =
-      "Question: How can I get shiny hair?\nAnswer: Wash it in Lipton tea.\n\n"
-      "Question: How can I marinate venison steaks?\nAnswer: Mix all ingredients in a glass "
-      "bowl and let sit for 10 to 30 minutes.\n\n" +
+      "Question: To start a hole of golf,\nAnswer: drive your ball onto the field from the tee.\n\n"
+      "Question: How do you remove the motherboard from a computer case.\nAnswer: After removing "
+      "every other component (or you can leave the CPU, CPU fan and RAM), unscrew the screw "
+      "holding the motherboard on the standoffs, and then unscrew the standoffs from the case.\n\n" +
       query;
   REQUIRE(two.requests.size() == 2);
   CHECK(two.requests[0].context == context);
@@ -192,8 +197,10 @@ TEST_CASE("PIQA requests match lm-eval 0.3", "[tasks][piqa]") {
 }
 
 TEST_CASE("Winogrande requests use lm-eval 0.3's partial evaluation", "[tasks][winogrande]") {
-  // First after the shuffle: dev.jsonl line 188 (answer "2"). 2-shot: rnd.sample(range(1267), 3)
-  // == [184, 604, 669] -> lines 185 and 605, each filled with its correct option.
+  // First after the shuffle: dev.jsonl line 188 (answer "2"). 2-shot examples come from
+  // winogrande_xl train: rnd.sample(range(40398), 2) == [5906, 19340] -> train_xl_noqid.jsonl
+  // lines 5907 and 19341, each filled with its correct option (checked with Python 3's
+  // random module). Drawn from dev, as before, they were dev.jsonl lines 185 and 605.
   const std::string continuation =
       " is embarassed, because Samantha made snide comments about the shirt Rebecca was wearing.";
 
@@ -208,10 +215,9 @@ TEST_CASE("Winogrande requests use lm-eval 0.3's partial evaluation", "[tasks][w
 
   const auto two = first_doc("winogrande", 2);
   const std::string examples =
-      "Warts appeared on Jerry's limbs after he went through the jungle because the warts were "
-      "infectious.\n\n"
-      "Elena was an excellent flight attendant when Sarah boarded the plane with a fear of flying "
-      "because, Sarah was able to overcome their fears.\n\n";
+      "Natalie took basic French lessons from Betty after school because Betty is strong at that "
+      "language.\n\n"
+      "My friends tried to drive the car through the alleyway but the car was too wide.\n\n";
   REQUIRE(two.requests.size() == 2);
   CHECK(two.requests[0].context == examples + "People think Samantha");
   CHECK(two.requests[0].continuation == continuation);
@@ -248,8 +254,10 @@ TEST_CASE("OpenBookQA requests match lm-eval 0.3", "[tasks][openbookqa]") {
 }
 
 TEST_CASE("RTE requests match lm-eval 0.3", "[tasks][rte]") {
-  // First after the shuffle: val.jsonl line 190 (entailment). 2-shot: rnd.sample(range(32), 2)
-  // == [3, 0] -> train32.jsonl lines 4 (entailment) and 1 (not_entailment).
+  // First after the shuffle: val.jsonl line 190 (entailment). 2-shot examples come from the
+  // full train split: rnd.sample(range(2490), 2) == [207, 2214] -> train.jsonl idx 207
+  // (not_entailment) and 2214 (entailment) (checked with Python 3's random module). From
+  // train32.jsonl, as before, they were its lines 4 and 1.
   const std::string query =
       "The number of Danes opposed to swapping the krone for the euro has increased slightly to "
       "35.3 percent, up from 34.6 percent in April, according to a poll published on Thursday by "
@@ -267,17 +275,14 @@ TEST_CASE("RTE requests match lm-eval 0.3", "[tasks][rte]") {
 
   const auto two = first_doc("rte", 2);
   const std::string context =
-      "The university server containing the information relating to Mason's ID cards was "
-      "illegally entered by computer hackers.\nQuestion: Non-authorized personnel illegally "
-      "entered into computer networks. True or False?\nAnswer: True\n\n"
-      "Even the most draconian proposal \u2014 to reinstate flight limits to ease the "
-      "bottlenecks at Kennedy \u2014 might backfire, industry analysts say, because airlines "
-      "would end up shifting flights to Newark Airport, which is already strained. \"Kennedy is "
-      "the perfect example of putting 10 pounds in a 5-pound bag,\" said Darryl Jenkins, a "
-      "longtime airline consultant. \"J.F.K. was never set up to be a hub for anybody; its been a "
-      "gateway,\" he said. But in recent years it became a hub for JetBlue and Delta. These days, "
-      "delays at Kennedy are so bad, he said, that \"it's backing up the whole country.\"."
-      "\nQuestion: JFK airport is in New York. True or False?\nAnswer: False\n\n" +
+      "McDonald's said overall global sales at its restaurants climbed 6.2% in June, 6.3% in the "
+      "second quarter and 7.1% for the year to date.\nQuestion: McDonald's Corp., the world's largest "
+      "restaurant chain, led the advance after the company reported earnings that exceeded "
+      "estimates. True or False?\nAnswer: False\n\n"
+      "The son of Italy's last king returned to his homeland Monday, ending more than a half-century "
+      "of exile. Victor Emmanuel and his family landed at a military airport in Rome in a private "
+      "plane and headed immediately for an audience with Pope John Paul II.\nQuestion: Italian "
+      "royal family returns home. True or False?\nAnswer: True\n\n" +
       query;
   REQUIRE(two.requests.size() == 2);
   CHECK(two.requests[0].context == context);
