@@ -107,7 +107,10 @@ const Tokenizer& Model::require_tokenizer() const {
 
 std::vector<int> Model::encode(const std::string& text, bool add_bos) const {
   std::vector<int> ids;
-  if (add_bos && arch_.prepend_bos && arch_.bos_token_id >= 0) ids.push_back(arch_.bos_token_id);
+  // The tokenizer's own tokenizer_config.json decides when it has one (Llama-3: yes, Qwen: no).
+  const std::optional<int> declared = require_tokenizer().declared_bos();
+  const int bos = declared ? *declared : (arch_.prepend_bos ? arch_.bos_token_id : -1);
+  if (add_bos && bos >= 0) ids.push_back(bos);
   auto body = require_tokenizer().encode(text);
   ids.insert(ids.end(), body.begin(), body.end());
   return ids;
