@@ -152,22 +152,28 @@ int run_bench(const BenchArgs& args, const std::string&) {
   return 0;
 }
 
-// A random-weight LLaMA checkpoint in Hugging Face layout (config.json +
-// model.safetensors, F32), for speed and memory measurements only.
+// A random-weight LLaMA (or Qwen3: q/k norm, explicit head_dim) checkpoint in Hugging
+// Face layout (config.json + model.safetensors, F32), for speed and memory measurements only.
 int run_make_random_model(const RandomModelArgs& a) {
   namespace fs = std::filesystem;
-  if (a.hidden % a.heads != 0 || a.heads % a.kv_heads != 0)
-    throw Error("make-random-model: hidden must divide by heads, heads by kv-heads");
+  if ((a.head_dim == 0 && a.hidden % a.heads != 0) || a.heads % a.kv_heads != 0)
+    throw Error("make-random-model: hidden must divide by heads (or pass --head-dim), heads by kv-heads");
+  const bool qwen3 = a.arch == "qwen3";
   fs::create_directories(a.out);
-  const int64_t D = a.hidden, hd = a.hidden / a.heads, kv = a.kv_heads * hd, I = a.intermediate;
+  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
+  const int64_t q = a.heads * hd, kv = a.kv_heads * hd, I = a.intermediate;
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {a.vocab, D}}};
   for (int i = 0; i < a.layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     tensors.push_back({p + "input_layernorm.weight", {D}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {D, D}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {q, D}});
     tensors.push_back({p + "self_attn.k_proj.weight", {kv, D}});
     tensors.push_back({p + "self_attn.v_proj.weight", {kv, D}});
-    tensors.push_back({p + "self_attn.o_proj.weight", {D, D}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {D, q}});
+    if (qwen3) {
+      tensors.push_back({p + "self_attn.q_norm.weight", {hd}});
+      tensors.push_back({p + "self_attn.k_norm.weight", {hd}});
+    }
     tensors.push_back({p + "post_attention_layernorm.weight", {D}});
     tensors.push_back({p + "mlp.gate_proj.weight", {I, D}});
     tensors.push_back({p + "mlp.up_proj.weight", {I, D}});
@@ -197,7 +203,8 @@ int run_make_random_model(const RandomModelArgs& a) {
     t = t.contiguous();
     out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
   }
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+  nlohmann::json config = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                           {"model_type", a.arch}, {"head_dim", hd},
                            {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
                            {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
                            {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},

@@ -152,3 +152,33 @@ TEST_CASE("rope scaling follows Hugging Face's formulas", "[arch]") {
     CHECK(longer[1].item<double>() == Approx(std::pow(base, -2.0 / 16)).epsilon(1e-5));
   }
 }
+
+TEST_CASE("make-random-model writes a loadable Qwen3-shaped checkpoint", "[arch][cli]") {
+  const auto dir = test::temp_dir("random_qwen3");
+  auto r = test::run_kvevict("make-random-model --out " + dir + " --arch qwen3 --layers 2 --hidden 64 --heads 4"
+                             " --kv-heads 2 --head-dim 32 --intermediate 96 --vocab 300 --max-positions 64");
+  REQUIRE(r.exit_code == 0);
+  auto model = Model::load(dir);
+  CHECK(model->arch().model_type == "qwen3");
+  CHECK(model->arch().head_dim == 32);  // heads x head_dim = 128, not hidden 64
+  FullAttention attention;
+  auto logits = model->forward({1, 2, 3}, 0, attention);
+  CHECK(logits.size(0) == 3);
+  CHECK(logits.size(1) == 300);
+  CHECK(torch::isfinite(logits).all().item<bool>());
+}
+
+TEST_CASE("perplexity's KV accounting reports Mistral's window", "[arch][cli]") {
+  auto golden = test::read_json(test::data("golden/tiny_models/tiny-random-mistral.json"));
+  const auto dir = test::temp_dir("mistral_tokens");
+  std::ofstream out(dir + "/tokens.txt");
+  for (int id : golden["tokens"].get<std::vector<int>>()) out << id << " ";
+  out.close();
+  auto r = test::run_kvevict("perplexity --model " + test::data("models/tiny-random-mistral") + " --tokens-file " +
+                             dir + "/tokens.txt --policy h2o --budget-tokens 20 --mode decode --format json");
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["kv_sliding_window"] == 8);
+  CHECK(j["kv_tokens_kept"] == nlohmann::json({20, 20}));
+  CHECK(j["kv_tokens_visible"] == nlohmann::json({8, 8}));
+}
