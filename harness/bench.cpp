@@ -12,6 +12,7 @@
 
 #include "harness/attention.h"
 #include "harness/commands.h"
+#include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/files.h"
 #include "harness/scorer.h"
@@ -119,11 +120,47 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   return 0;
 }
 
+// Encode speed of several tokenizers on the same texts, in one run: the first pass with
+// an empty word cache ("cold") and the best later pass ("warm").
+int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const std::string& data_dir) {
+  const std::string file = data_path(config.at("jsonl").get<std::string>(), data_dir);
+  const std::string field = config.value("field", std::string("text"));
+  const size_t limit = config.value("limit", size_t{1000});
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot open");
+  for (std::string line; texts.size() < limit && std::getline(in, line);) {
+    if (line.empty()) continue;
+    texts.push_back(nlohmann::json::parse(line).at(field).get<std::string>());
+    bytes += texts.back().size();
+  }
+  std::cout << std::fixed << std::setprecision(3) << "texts " << texts.size() << " bytes " << bytes << " from "
+            << file << "\n";
+  for (const auto& [name, dir] : config.at("tokenizers").items()) {
+    auto tokenizer = load_tokenizer_for_model(data_path(dir.get<std::string>(), data_dir));
+    if (!tokenizer) throw Error(dir.get<std::string>() + ": no tokenizer files");
+    size_t ids = 0;
+    const auto encode_all = [&] {
+      ids = 0;
+      for (const auto& text : texts) ids += tokenizer->encode(text).size();
+    };
+    const double cold = best_time(1, encode_all);
+    const double warm = best_time(args.repeat, encode_all);
+    std::cout << "tokenizer " << name << " ids " << ids << " cold_seconds " << cold << " cold_MB_per_s "
+              << bytes / cold / 1e6 << " cold_texts_per_s " << texts.size() / cold << " warm_MB_per_s "
+              << bytes / warm / 1e6 << " warm_texts_per_s " << texts.size() / warm << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
-int run_bench(const BenchArgs& args, const std::string&) {
+int run_bench(const BenchArgs& args, const std::string& data_dir) {
   if (!args.config.empty()) {
-    return bench_policies(args, read_json_file(args.config));
+    const nlohmann::json config = read_json_file(args.config);
+    if (config.contains("tokenizers")) return bench_tokenizers(args, config, data_dir);
+    return bench_policies(args, config);
   }
   auto t0 = Clock::now();
   auto model = Model::load(args.model, args.runtime.options);
