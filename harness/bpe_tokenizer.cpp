@@ -734,7 +734,8 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
     const bool special = entry.value("special", false);
     added_tokens.push_back({content, entry["id"].get<int>(), entry.value("normalized", !special)});
   }
-  // BOS comes from tokenizer_config.json (HF's tokenizer class adds it, not tokenizer.json).
+  // BOS comes from tokenizer_config.json (HF's tokenizer class adds it, not tokenizer.json):
+  // its bos_token, when add_bos_token (or the class's default) says so.
   std::optional<int> declared_bos;
   const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
@@ -742,8 +743,20 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
     const json& bos = member_or_null(config, "bos_token");
     const std::string bos_text = bos.is_string() ? bos.get<std::string>()
                                  : bos.is_object() ? bos.value("content", std::string()) : std::string();
-    declared_bos = -1;
-    if (!bos_text.empty() && config.value("add_bos_token", true)) {
+    // add_bos_token when given; otherwise the default of the tokenizer class HF would
+    // build: LLaMA's and Llama-3's (PreTrainedTokenizerFast with a BOS template) add it,
+    // GPT-2's, GPT-NeoX's and Qwen's do not; for any other class the model decides.
+    const std::string tokenizer_class = config.value("tokenizer_class", std::string());
+    std::optional<bool> add_bos;
+    if (config.contains("add_bos_token") && config["add_bos_token"].is_boolean())
+      add_bos = config["add_bos_token"].get<bool>();
+    else if (tokenizer_class == "PreTrainedTokenizerFast" || tokenizer_class.rfind("LlamaTokenizer", 0) == 0)
+      add_bos = true;
+    else if (tokenizer_class.rfind("GPT2Tokenizer", 0) == 0 || tokenizer_class.rfind("GPTNeoXTokenizer", 0) == 0 ||
+             tokenizer_class.rfind("Qwen2Tokenizer", 0) == 0)
+      add_bos = false;
+    if (add_bos) declared_bos = -1;
+    if (add_bos && *add_bos && !bos_text.empty()) {
       for (const AddedToken& added : added_tokens)
         if (added.content == bos_text) declared_bos = added.id;
       if (*declared_bos < 0 && vocab.count(bos_text)) declared_bos = vocab.at(bos_text);

@@ -142,6 +142,16 @@ TEST_CASE("BOS comes from tokenizer_config.json: Llama-3 <|begin_of_text|>, Qwen
   CHECK(llama3().declared_bos() == std::optional<int>(128000));
   CHECK(qwen3().declared_bos() == std::optional<int>(-1));
   CHECK_FALSE(gpt_neox().declared_bos().has_value());  // no tokenizer_config.json there
+  // Without add_bos_token the tokenizer class's default decides: GPT-NeoX's adds none.
+  const std::string dir = kvevict::test::temp_dir("bpe_bos_config");
+  std::filesystem::create_symlink(std::filesystem::absolute(data("tokenizers/gpt-neox-20b/tokenizer.json")),
+                                  dir + "/tokenizer.json");
+  write_file(dir + "/tokenizer_config.json",
+             R"({"tokenizer_class": "GPTNeoXTokenizer", "bos_token": "<|endoftext|>"})");
+  CHECK(kvevict::load_bpe_tokenizer_json(dir + "/tokenizer.json")->declared_bos() == std::optional<int>(-1));
+  write_file(dir + "/tokenizer_config.json",
+             R"({"tokenizer_class": "GPTNeoXTokenizer", "bos_token": "<|endoftext|>", "add_bos_token": true})");
+  CHECK(kvevict::load_bpe_tokenizer_json(dir + "/tokenizer.json")->declared_bos() == std::optional<int>(0));
 }
 
 TEST_CASE("GPT-NeoX applies NFC before BPE", "[bpe]") {
