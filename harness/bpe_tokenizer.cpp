@@ -1,14 +1,18 @@
-// Byte-level BPE tokenizers: GPT-2 / OPT (vocab.json + merges.txt) and GPT-NeoX / Pythia
-// (tokenizer.json). Written from scratch to reproduce Hugging Face `tokenizers` id for id;
-// the goldens in ../shared/data/golden/bpe_*.jsonl are that library's output.
+// Byte-level BPE tokenizers: GPT-2 / OPT (vocab.json + merges.txt), GPT-NeoX / Pythia,
+// Llama-3 and Qwen2/Qwen3 (tokenizer.json). Written from scratch to reproduce Hugging Face
+// `tokenizers` id for id; the goldens in ../shared/data/golden/bpe_*.jsonl are that
+// library's output.
 //
 // encode: 1. split out added tokens that match the raw text (special tokens such as
 //            <|endoftext|>);
-//         2. normalise the rest (NFC, when the tokenizer has that normaliser);
+//         2. normalise the rest (NFC by ICU, when the tokenizer has that normaliser);
 //         3. split out added tokens that match the normalised text (NeoX's runs of spaces);
-//         4. pre-tokenise with the GPT-2 pattern, map each byte to GPT-2's printable
-//            stand-in character, and apply merges by rank (lowest rank first).
+//         4. pre-tokenise: the tokenizer's Split regex run by ICU (Llama-3, Qwen) and/or
+//            the GPT-2 pattern (a hand-written splitter over ICU's Unicode classes), map
+//            each byte to GPT-2's printable stand-in character, and apply merges by rank
+//            (lowest rank first; with ignore_merges a piece that is a token stays whole).
 // decode: ids -> token strings -> bytes, with invalid UTF-8 replaced by U+FFFD as HF does.
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
