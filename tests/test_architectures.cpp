@@ -105,7 +105,7 @@ TEST_CASE("keys that do not change the math, or that are off, load", "[arch]") {
   CHECK(Model::load(mistral)->arch().sliding_window == 0);
   auto llama = edited_model("tiny-random-llama3", "llama_default", [](auto& c) { c["rope_scaling"] = {{"rope_type", "default"}}; });
   CHECK(Model::load(llama)->arch().rope_scaling.type == "default");
-  // A tied Qwen checkpoint that also stores lm_head.weight is read as tied, as HF does.
+  // Qwen2.5-7B style tied head: no lm_head.weight stored, the embedding is the head.
   CHECK(Model::load(test::data("models/tiny-random-qwen2"))->arch().tied_head);
 }
 
