@@ -27,9 +27,10 @@ std::string checked_model_type(const nlohmann::json& config, const std::string& 
   if (!config.contains("model_type") || !config["model_type"].is_string())
     throw Error(config_path + ": missing string key \"model_type\"");
   const std::string type = config["model_type"].get<std::string>();
-  if (type != "llama" && type != "mistral" && type != "opt" && type != "gpt_neox")
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" &&
+      type != "phi3" && type != "opt" && type != "gpt_neox")
     throw Error(config_path + ": unknown model_type \"" + type +
-                "\" (supported: llama, mistral, opt, gpt_neox)");
+                "\" (supported: llama, mistral, qwen2, qwen3, phi3, opt, gpt_neox)");
   return type;
 }
 
@@ -38,7 +39,7 @@ ArchSpec describe_architecture(const nlohmann::json& config, const std::string& 
   const std::string type = checked_model_type(config, config_path);
   if (type == "opt") return describe_opt(config, config_path, has_tensor);
   if (type == "gpt_neox") return describe_gpt_neox(config, config_path, has_tensor);
-  return describe_llama(config, config_path, has_tensor);  // llama, mistral
+  return describe_llama(config, config_path, has_tensor);  // llama, mistral, qwen2, qwen3, phi3
 }
 
 }  // namespace kvevict

@@ -14,7 +14,7 @@ enum class MlpKind { SwiGLU, FeedForward };  // FeedForward: fc1 -> activation -
 enum class Activation { SiLU, ReLU, GeluExact, GeluTanh };
 enum class ResidualKind { PreNormSequential, PreNormParallel, PostNorm };
 enum class PositionKind { Rotary, Learned };
-enum class QkvLayout { Separate, FusedPerHead };  // FusedPerHead: GPT-NeoX [heads, 3*head_dim]
+enum class QkvLayout { Separate, FusedPerHead, FusedRows };  // FusedPerHead: GPT-NeoX [heads, 3*head_dim]; FusedRows: Phi-3 rows [q | k | v]
 
 // Tensor roles the decoder binds. Global roles first, then per-layer ones.
 enum class Role {
@@ -22,6 +22,7 @@ enum class Role {
   AttnNormWeight, AttnNormBias, MlpNormWeight, MlpNormBias,
   QWeight, QBias, KWeight, KBias, VWeight, VBias, QkvWeight, QkvBias, OWeight, OBias,
   GateWeight, UpWeight, DownWeight, Fc1Weight, Fc1Bias, Fc2Weight, Fc2Bias,
+  QNormWeight, KNormWeight, GateUpWeight,  // Qwen3 per-head q/k RMSNorm; Phi-3 rows [gate | up]
   Count
 };
 constexpr int kRoleCount = static_cast<int>(Role::Count);
@@ -31,6 +32,14 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   Role role;
   int layer = -1;  // -1 for global tensors
+};
+
+// How RoPE frequencies are derived from rope_theta (config.json "rope_scaling").
+struct RopeScaling {
+  std::string type = "default";  // "default", "linear", "dynamic", "llama3"
+  double factor = 1;
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+  int64_t original_max_positions = 0;               // llama3
 };
 
 struct ArchSpec {
@@ -46,6 +55,8 @@ struct ArchSpec {
   QkvLayout qkv = QkvLayout::Separate;
   int64_t rotary_dim = 0;     // leading dims of each head that rotate (rotate-half)
   double rope_theta = 10000;
+  RopeScaling rope_scaling;
+  int64_t sliding_window = 0;   // > 0: query i sees only keys j > i - sliding_window
   int64_t position_offset = 0;  // OPT's learned positions start at row 2
   bool has_final_norm = true;
   bool tied_head = false;       // lm head = token embedding
@@ -66,7 +77,8 @@ ArchSpec describe_architecture(const nlohmann::json& config, const std::string& 
 // the file otherwise). Model::load calls it before opening any weights.
 std::string checked_model_type(const nlohmann::json& config, const std::string& config_path);
 
-// One per architecture file.
+// One per architecture file. describe_llama serves the LLaMA family: llama, mistral,
+// qwen2, qwen3 and phi3 are one row each of its variant table.
 ArchSpec describe_llama(const nlohmann::json& config, const std::string& config_path,
                         const HasTensor& has_tensor);
 ArchSpec describe_opt(const nlohmann::json& config, const std::string& config_path,

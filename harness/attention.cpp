@@ -65,7 +65,10 @@ torch::Tensor FullAttention::attend(int, const torch::Tensor& q, const torch::Te
                                     const torch::Tensor& v, int64_t) {
   const int64_t t = q.size(0), hq = q.size(1), n_kv = k.size(1);
   auto logits = attention_logits(q, k.permute({1, 0, 2}));  // [Hkv, g*t, t]
-  auto causal = torch::ones({t, t}, torch::kBool).triu(1).to(q.device());
+  auto causal = torch::ones({t, t}, torch::kBool).triu(1);
+  if (sliding_window_ > 0)  // keys j <= i - window are out of the model's sight
+    causal = causal.logical_or(torch::ones({t, t}, torch::kBool).tril(-sliding_window_));
+  causal = causal.to(q.device());
   logits = logits.view({n_kv, hq / n_kv, t, t}).masked_fill(causal, -std::numeric_limits<double>::infinity());
   auto probs = torch::softmax(logits, -1).view({n_kv, (hq / n_kv) * t, t});
   return weighted_values(probs, v.permute({1, 0, 2}), t, hq, q.scalar_type());
@@ -76,6 +79,8 @@ SimAttention::SimAttention(const Model& model, const Policy& policy, SequenceSha
     : model_(model), policy_(policy), shape_(shape) {
   stats_.kept_per_layer.assign(shape.n_layers, 0);
   stats_.max_per_layer.assign(shape.n_layers, 0);
+  stats_.visible_per_layer.assign(shape.n_layers, 0);
+  stats_.sliding_window = model.arch().sliding_window;
 }
 
 torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
@@ -85,8 +90,11 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   const int64_t kv_bytes = 2 * n_kv * d * element_bytes(k.scalar_type());
   if (policy_.keeps_everything()) {
     stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = static_cast<int>(T);
+    stats_.visible_per_layer[layer] = static_cast<int>(sliding_window_ > 0 ? std::min(T, sliding_window_) : T);
     stats_.peak_bytes += T * kv_bytes;
-    return FullAttention().attend(layer, q, k, v, start);
+    FullAttention full;
+    full.set_sliding_window(sliding_window_);
+    return full.attend(layer, q, k, v, start);
   }
   // All T x T logits once per layer, on the CPU as one contiguous buffer; the policy
   // work below (simulate_realisable) is a tight loop over it.
@@ -96,11 +104,16 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   if (!policy_.realisable()) {
     // Sim-only policies work on float32 buffers, as the paper's code does.
     auto logits32 = logits.to(torch::kFloat32).contiguous();  // no copy for float32 models
+    if (sliding_window_ > 0)  // the window comes before the policy: those keys are gone
+      logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
+                            -std::numeric_limits<float>::infinity());
     auto probs32 = torch::zeros({hq, T, T}, torch::kFloat32);
     policy_.simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
     probs = probs32;
     const Budget b = policy_.layer_budget(layer, shape_);
     stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
+    stats_.visible_per_layer[layer] = static_cast<int>(
+        sliding_window_ > 0 ? std::min<int64_t>(stats_.kept_per_layer[layer], sliding_window_) : stats_.kept_per_layer[layer]);
   } else {
     probs = logits.scalar_type() == torch::kFloat64 ? simulate_realisable<double>(layer, logits, hq, n_kv, k)
                                                     : simulate_realisable<float>(layer, logits, hq, n_kv, k);
@@ -124,19 +137,29 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   auto state = policy_.make_layer_state(layer, shape_);
   std::vector<float> row;  // what the policy observes: [Hq][slots]
   std::vector<double> exps(T);
-  int max_slots = 0;
+  int max_slots = 0, visible = 0;
   for (int64_t i = 0; i < T; ++i) {
     state->append(static_cast<int>(i), key_norms + i * n_kv);
     const int n = state->size();
     max_slots = std::max(max_slots, n);
     row.resize(static_cast<size_t>(hq) * n);
+    // Slots the model's sliding window hides from query i: probability 0, as in decode.
+    const int64_t oldest_visible = sliding_window_ > 0 ? i - sliding_window_ + 1 : 0;
+    visible = 0;
     for (int64_t h = 0; h < hq; ++h) {
       const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
       const Scalar* logit_row = L + (h * T + i) * T;
       double m = -std::numeric_limits<double>::infinity();
-      for (int s = 0; s < n; ++s) m = std::max<double>(m, logit_row[pos[s]]);
+      for (int s = 0; s < n; ++s)
+        if (pos[s] >= oldest_visible) m = std::max<double>(m, logit_row[pos[s]]);
       double sum = 0;  // exponentials summed in double: no rounding noise of its own
-      for (int s = 0; s < n; ++s) sum += (exps[s] = std::exp(logit_row[pos[s]] - m));
+      int seen = 0;
+      for (int s = 0; s < n; ++s) {
+        exps[s] = pos[s] >= oldest_visible ? std::exp(logit_row[pos[s]] - m) : 0.0;
+        sum += exps[s];
+        seen += pos[s] >= oldest_visible;
+      }
+      visible = std::max(visible, seen);
       const double inv = 1.0 / sum;
       Scalar* prob_row = P + (h * T + i) * T;
       float* out = row.data() + h * n;
@@ -147,6 +170,7 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   }
   stats_.kept_per_layer[layer] = state->size();
   stats_.max_per_layer[layer] = max_slots;
+  stats_.visible_per_layer[layer] = visible;
   return probs;
 }
 
@@ -160,6 +184,8 @@ CacheAttention::CacheAttention(const Model& model, const Policy& policy, Sequenc
     for (int l = 0; l < shape.n_layers; ++l) layers_[l].state = policy.make_layer_state(l, shape);
   stats_.kept_per_layer.assign(shape.n_layers, 0);
   stats_.max_per_layer.assign(shape.n_layers, 0);
+  stats_.visible_per_layer.assign(shape.n_layers, 0);
+  stats_.sliding_window = model.arch().sliding_window;
 }
 
 int64_t CacheAttention::cached_tokens(int layer) const {
@@ -189,9 +215,11 @@ void CacheAttention::evict(LayerCache& cache, const std::vector<std::vector<int>
       used[free_row] = 1;
       sources.push_back(h * capacity + row);
       targets.push_back(h * capacity + free_row);
+      if (!cache.row_positions.empty()) cache.row_positions[h][free_row] = cache.row_positions[h][row];
       row = static_cast<int>(free_row);
     }
     rows.swap(kept_rows);
+    if (!cache.row_positions.empty()) cache.row_positions[h].resize(kept);
   }
   if (!sources.empty()) {
     const auto device = cache.key_buffer.device();
@@ -212,6 +240,25 @@ void CacheAttention::evict(LayerCache& cache, const std::vector<std::vector<int>
   }
 }
 
+// Which cache rows each query of the block [start, start + t) may not see: later
+// positions (causal) and those the model's sliding window has passed. [Hkv, 1, t, n].
+torch::Tensor CacheAttention::window_mask(LayerCache& cache, int64_t start, int64_t t, int layer) {
+  const int64_t n_kv = cache.key_buffer.size(0), n = cache.size;
+  if (cache.row_positions.empty()) cache.row_positions.assign(n_kv, {});
+  auto positions = torch::empty({n_kv, 1, 1, n}, torch::kLong);
+  int64_t* P = positions.data_ptr<int64_t>();
+  for (int64_t h = 0; h < n_kv; ++h) {
+    auto& rows = cache.row_positions[h];
+    for (int64_t r = static_cast<int64_t>(rows.size()); r < n; ++r) rows.push_back(start + r - (n - t));
+    std::copy(rows.begin(), rows.end(), P + h * n);
+  }
+  auto query = torch::arange(start, start + t, torch::kLong).view({1, 1, t, 1});
+  auto hidden = (positions > query).logical_or(positions <= query - sliding_window_);
+  stats_.visible_per_layer[layer] = static_cast<int>(
+      (~hidden.select(2, t - 1)).sum(-1).max().item<int64_t>());
+  return hidden;
+}
+
 torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                      const torch::Tensor& v, int64_t start) {
   const auto started = std::chrono::steady_clock::now();
@@ -228,7 +275,11 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
   auto keys = cache.key_buffer.narrow(1, 0, n), values = cache.value_buffer.narrow(1, 0, n);
 
   auto logits = attention_logits(q, keys).view({n_kv, g, t, n});
-  if (t > 1) {
+  if (sliding_window_ == 0) stats_.visible_per_layer[layer] = static_cast<int>(n);
+  if (sliding_window_ > 0) {
+    logits = logits.masked_fill(window_mask(cache, start, t, layer).to(q.device()),
+                                -std::numeric_limits<double>::infinity());
+  } else if (t > 1) {
     // Row r of the block sees the old slots and new tokens up to itself.
     auto causal = torch::ones({t, n}, torch::kBool).triu(n_prev + 1).to(q.device());
     logits = logits.masked_fill(causal, -std::numeric_limits<double>::infinity());

@@ -21,6 +21,11 @@ struct KvStats {
   std::vector<int> kept_per_layer;     // tokens per KV head at the end
   std::vector<int> max_per_layer;      // most tokens per KV head at any moment
   int64_t peak_bytes = 0;              // sum over layers of each layer's peak K+V bytes
+  // The model's sliding window (0: none). With one, the last query of a layer sees only
+  // visible_per_layer of the kept tokens (at most the window), so a budget above the
+  // window buys nothing.
+  int64_t sliding_window = 0;
+  std::vector<int> visible_per_layer;  // keys the last query could attend to (most over KV heads)
 };
 
 class FullAttention : public AttentionBackend {
@@ -64,9 +69,11 @@ class CacheAttention : public AttentionBackend {
     torch::Tensor key_buffer, value_buffer;  // [n_kv_heads, capacity, head_dim]
     int64_t size = 0;                         // rows in use
     std::vector<std::vector<int>> rows;       // per KV head: cache row of each policy slot
+    std::vector<std::vector<int64_t>> row_positions;  // per KV head: position of each row (sliding window only)
     std::unique_ptr<LayerState> state;
   };
   void evict(LayerCache& cache, const std::vector<std::vector<int>>& keep);
+  torch::Tensor window_mask(LayerCache& cache, int64_t start, int64_t t, int layer);
   const Model& model_;
   const Policy& policy_;
   SequenceShape shape_;

@@ -12,6 +12,7 @@
 
 #include "harness/attention.h"
 #include "harness/commands.h"
+#include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/files.h"
 #include "harness/scorer.h"
@@ -119,11 +120,47 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   return 0;
 }
 
+// Encode speed of several tokenizers on the same texts, in one run: the first pass with
+// an empty word cache ("cold") and the best later pass ("warm").
+int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const std::string& data_dir) {
+  const std::string file = data_path(config.at("jsonl").get<std::string>(), data_dir);
+  const std::string field = config.value("field", std::string("text"));
+  const size_t limit = config.value("limit", size_t{1000});
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot open");
+  for (std::string line; texts.size() < limit && std::getline(in, line);) {
+    if (line.empty()) continue;
+    texts.push_back(nlohmann::json::parse(line).at(field).get<std::string>());
+    bytes += texts.back().size();
+  }
+  std::cout << std::fixed << std::setprecision(3) << "texts " << texts.size() << " bytes " << bytes << " from "
+            << file << "\n";
+  for (const auto& [name, dir] : config.at("tokenizers").items()) {
+    auto tokenizer = load_tokenizer_for_model(data_path(dir.get<std::string>(), data_dir));
+    if (!tokenizer) throw Error(dir.get<std::string>() + ": no tokenizer files");
+    size_t ids = 0;
+    const auto encode_all = [&] {
+      ids = 0;
+      for (const auto& text : texts) ids += tokenizer->encode(text).size();
+    };
+    const double cold = best_time(1, encode_all);
+    const double warm = best_time(args.repeat, encode_all);
+    std::cout << "tokenizer " << name << " ids " << ids << " cold_seconds " << cold << " cold_MB_per_s "
+              << bytes / cold / 1e6 << " cold_texts_per_s " << texts.size() / cold << " warm_MB_per_s "
+              << bytes / warm / 1e6 << " warm_texts_per_s " << texts.size() / warm << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
-int run_bench(const BenchArgs& args, const std::string&) {
+int run_bench(const BenchArgs& args, const std::string& data_dir) {
   if (!args.config.empty()) {
-    return bench_policies(args, read_json_file(args.config));
+    const nlohmann::json config = read_json_file(args.config);
+    if (config.contains("tokenizers")) return bench_tokenizers(args, config, data_dir);
+    return bench_policies(args, config);
   }
   auto t0 = Clock::now();
   auto model = Model::load(args.model, args.runtime.options);
@@ -152,22 +189,28 @@ int run_bench(const BenchArgs& args, const std::string&) {
   return 0;
 }
 
-// A random-weight LLaMA checkpoint in Hugging Face layout (config.json +
-// model.safetensors, F32), for speed and memory measurements only.
+// A random-weight LLaMA (or Qwen3: q/k norm, explicit head_dim) checkpoint in Hugging
+// Face layout (config.json + model.safetensors, F32), for speed and memory measurements only.
 int run_make_random_model(const RandomModelArgs& a) {
   namespace fs = std::filesystem;
-  if (a.hidden % a.heads != 0 || a.heads % a.kv_heads != 0)
-    throw Error("make-random-model: hidden must divide by heads, heads by kv-heads");
+  if ((a.head_dim == 0 && a.hidden % a.heads != 0) || a.heads % a.kv_heads != 0)
+    throw Error("make-random-model: hidden must divide by heads (or pass --head-dim), heads by kv-heads");
+  const bool qwen3 = a.arch == "qwen3";
   fs::create_directories(a.out);
-  const int64_t D = a.hidden, hd = a.hidden / a.heads, kv = a.kv_heads * hd, I = a.intermediate;
+  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
+  const int64_t q = a.heads * hd, kv = a.kv_heads * hd, I = a.intermediate;
   std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {a.vocab, D}}};
   for (int i = 0; i < a.layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     tensors.push_back({p + "input_layernorm.weight", {D}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {D, D}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {q, D}});
     tensors.push_back({p + "self_attn.k_proj.weight", {kv, D}});
     tensors.push_back({p + "self_attn.v_proj.weight", {kv, D}});
-    tensors.push_back({p + "self_attn.o_proj.weight", {D, D}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {D, q}});
+    if (qwen3) {
+      tensors.push_back({p + "self_attn.q_norm.weight", {hd}});
+      tensors.push_back({p + "self_attn.k_norm.weight", {hd}});
+    }
     tensors.push_back({p + "post_attention_layernorm.weight", {D}});
     tensors.push_back({p + "mlp.gate_proj.weight", {I, D}});
     tensors.push_back({p + "mlp.up_proj.weight", {I, D}});
@@ -197,7 +240,8 @@ int run_make_random_model(const RandomModelArgs& a) {
     t = t.contiguous();
     out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
   }
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+  nlohmann::json config = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                           {"model_type", a.arch}, {"head_dim", hd},
                            {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
                            {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
                            {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},

@@ -86,6 +86,8 @@ int run_perplexity(const PerplexityArgs& args) {
     j["kv_tokens_kept"] = score.kv.kept_per_layer;
     j["kv_tokens_max"] = score.kv.max_per_layer;
     j["kv_bytes_peak"] = score.kv.peak_bytes;
+    j["kv_sliding_window"] = score.kv.sliding_window;  // 0: none
+    j["kv_tokens_visible"] = score.kv.visible_per_layer;
     j["seconds"] = seconds;
     if (args.per_token) j["next_token_logprob"] = score.next_token_logprob;
     std::cout << j.dump() << std::endl;

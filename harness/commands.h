@@ -48,6 +48,8 @@ struct RandomModelArgs {
   int layers = 12, hidden = 768, heads = 12, kv_heads = 12, intermediate = 2048, vocab = 32000,
       max_positions = 2048;
   uint64_t seed = 0;
+  std::string arch = "llama";  // "llama" or "qwen3" (explicit head_dim, q/k norm)
+  int head_dim = 0;            // 0: hidden / heads
 };
 int run_make_random_model(const RandomModelArgs& args);
 

@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
   random_cmd->add_option("--vocab", random_model.vocab)->capture_default_str();
   random_cmd->add_option("--max-positions", random_model.max_positions)->capture_default_str();
   random_cmd->add_option("--seed", random_model.seed)->capture_default_str();
+  random_cmd->add_option("--arch", random_model.arch, "llama or qwen3 (q/k norm, explicit head_dim)")
+      ->check(CLI::IsMember({"llama", "qwen3"}))->capture_default_str();
+  random_cmd->add_option("--head-dim", random_model.head_dim, "per-head width (0: hidden / heads)")->capture_default_str();
 
   register_task_commands(app);
 

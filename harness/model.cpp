@@ -7,6 +7,7 @@
 
 #include "harness/errors.h"
 #include "harness/files.h"
+#include "harness/rope.h"
 
 namespace kvevict {
 namespace {
@@ -89,12 +90,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
   if (arch.tied_head) model->global_[static_cast<int>(Role::LmHead)] = model->global_[static_cast<int>(Role::Embed)];
 
-  if (arch.positions == PositionKind::Rotary) {
-    // inv_freq in float32, as Hugging Face computes it.
-    auto idx = torch::arange(0, arch.rotary_dim, 2, torch::kFloat32);
-    model->inv_freq_ = 1.0 / torch::pow(torch::tensor(arch.rope_theta, torch::kFloat32),
-                                        idx / static_cast<float>(arch.rotary_dim));
-  }
+  // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass).
+  if (arch.positions == PositionKind::Rotary) model->inv_freq_ = rope_inv_freq(arch, arch.max_positions);
   model->tokenizer_ = load_tokenizer_for_model(dir);
   model->load_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -110,18 +107,23 @@ const Tokenizer& Model::require_tokenizer() const {
 
 std::vector<int> Model::encode(const std::string& text, bool add_bos) const {
   std::vector<int> ids;
-  if (add_bos && arch_.prepend_bos && arch_.bos_token_id >= 0) ids.push_back(arch_.bos_token_id);
+  // The tokenizer's own tokenizer_config.json decides when it has one (Llama-3: yes, Qwen: no).
+  const std::optional<int> declared = require_tokenizer().declared_bos();
+  const int bos = declared ? *declared : (arch_.prepend_bos ? arch_.bos_token_id : -1);
+  if (add_bos && bos >= 0) ids.push_back(bos);
   auto body = require_tokenizer().encode(text);
   ids.insert(ids.end(), body.begin(), body.end());
   return ids;
 }
 
+torch::Tensor Model::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + arch_.norm_eps);
+  return w * normed.to(x.scalar_type());
+}
+
 torch::Tensor Model::norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const {
-  if (arch_.norm == NormKind::RMSNorm) {
-    auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
-    auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + arch_.norm_eps);
-    return w * normed.to(x.scalar_type());
-  }
+  if (arch_.norm == NormKind::RMSNorm) return rms_norm(x, w);
   return torch::layer_norm(x, {arch_.hidden}, w, b, arch_.norm_eps);
 }
 
@@ -160,10 +162,20 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const to
     q = qkv.narrow(2, 0, hd);
     k = qkv.narrow(2, hd, hd);
     v = qkv.narrow(2, 2 * hd, hd);
+  } else if (arch_.qkv == QkvLayout::FusedRows) {
+    const int64_t q_rows = arch_.n_heads * hd, kv_rows = arch_.n_kv_heads * hd;
+    auto qkv = torch::linear(h, W(Role::QkvWeight), W(Role::QkvBias));
+    q = qkv.narrow(1, 0, q_rows).reshape({t, arch_.n_heads, hd});
+    k = qkv.narrow(1, q_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
+    v = qkv.narrow(1, q_rows + kv_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
   } else {
     q = torch::linear(h, W(Role::QWeight), W(Role::QBias)).view({t, arch_.n_heads, hd});
     k = torch::linear(h, W(Role::KWeight), W(Role::KBias)).view({t, arch_.n_kv_heads, hd});
     v = torch::linear(h, W(Role::VWeight), W(Role::VBias)).view({t, arch_.n_kv_heads, hd});
+  }
+  if (W(Role::QNormWeight).defined()) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
+    q = rms_norm(q, W(Role::QNormWeight));
+    k = rms_norm(k, W(Role::KNormWeight));
   }
   if (arch_.positions == PositionKind::Rotary) {
     rotate(q, cos, sin);
@@ -176,6 +188,11 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const to
 torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h) const {
   const Slots& w = layers_[layer];
   auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
+  if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
+    auto gate_up = torch::linear(h, W(Role::GateUpWeight));
+    const int64_t F = arch_.intermediate;
+    return torch::linear(torch::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
+  }
   if (arch_.mlp == MlpKind::SwiGLU)
     return torch::linear(torch::silu(torch::linear(h, W(Role::GateWeight))) * torch::linear(h, W(Role::UpWeight)),
                          W(Role::DownWeight));
@@ -205,12 +222,14 @@ torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
                   std::to_string(arch_.max_positions) + " learned positions");
     x = x + G(Role::PositionEmbed).index_select(0, (positions + arch_.position_offset).to(device_));
   } else {
-    auto freqs = torch::outer(positions.to(torch::kFloat32), inv_freq_);
+    const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t) : inv_freq_;
+    auto freqs = torch::outer(positions.to(torch::kFloat32), inv_freq);
     auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
     cos = emb.cos().unsqueeze(1).to(device_, dtype_);
     sin = emb.sin().unsqueeze(1).to(device_, dtype_);
   }
 
+  attention.set_sliding_window(arch_.sliding_window);
   for (int l = 0; l < arch_.n_layers; ++l) {
     const Slots& w = layers_[l];
     auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };

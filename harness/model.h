@@ -31,6 +31,13 @@ class AttentionBackend {
   // positions start .. start+t-1. Returns [t, n_heads * head_dim].
   virtual torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, int64_t start) = 0;
+  // The model's sliding window (0: none): the query at position i never sees keys at
+  // positions j <= i - sliding_window. Model::forward sets it before attending.
+  void set_sliding_window(int64_t window) { sliding_window_ = window; }
+  int64_t sliding_window() const { return sliding_window_; }
+
+ protected:
+  int64_t sliding_window_ = 0;
 };
 
 class Model {
@@ -58,6 +65,7 @@ class Model {
  private:
   using Slots = std::array<torch::Tensor, kRoleCount>;
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
+  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor activation(const torch::Tensor& x) const;
   void rotate(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,

@@ -2,6 +2,7 @@
 // byte-level BPE (tokenizer.json, or vocab.json + merges.txt).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@ class Tokenizer {
   virtual std::vector<int> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int>& ids) const = 0;
   virtual int vocab_size() const = 0;
+  // The BOS id a tokenizer_config.json beside the tokenizer declares (bos_token, unless
+  // add_bos_token is false): -1 when it declares none (Qwen), nullopt without such a file.
+  virtual std::optional<int> declared_bos() const { return std::nullopt; }
 };
 
 // SentencePiece model file (tokenizer.model).

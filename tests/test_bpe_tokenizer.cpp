@@ -28,6 +28,16 @@ const Tokenizer& gpt_neox() {
   return *tokenizer;
 }
 
+const Tokenizer& llama3() {
+  static const auto tokenizer = kvevict::load_bpe_tokenizer_json(data("tokenizers/llama3/tokenizer.json"));
+  return *tokenizer;
+}
+
+const Tokenizer& qwen3() {
+  static const auto tokenizer = kvevict::load_bpe_tokenizer_json(data("tokenizers/qwen3/tokenizer.json"));
+  return *tokenizer;
+}
+
 struct GoldenLine {
   int line_number;
   std::string text;
@@ -52,9 +62,10 @@ std::vector<GoldenLine> read_golden(const std::string& file) {
 // Checks every golden line: encode gives exactly the ids, decode gives back the text
 // (or `decoded_differently[text]` for the texts the tokenizer normalises).
 void check_golden(const Tokenizer& tokenizer, const std::string& file,
-                  const std::map<std::string, std::string>& decoded_differently = {}) {
+                  const std::map<std::string, std::string>& decoded_differently = {},
+                  size_t expected_lines = 333, int expected_notes = 5) {
   const std::vector<GoldenLine> lines = read_golden(file);
-  REQUIRE(lines.size() == 333);
+  REQUIRE(lines.size() == expected_lines);
   int encoded_exactly = 0, decoded_back = 0, with_note = 0;
   for (const GoldenLine& golden : lines) {
     INFO(file << " line " << golden.line_number);
@@ -70,9 +81,9 @@ void check_golden(const Tokenizer& tokenizer, const std::string& file,
     CHECK(decoded == expected);
     decoded_back += decoded == expected;
   }
-  CHECK(with_note == 5);
-  CHECK(encoded_exactly == 333);
-  CHECK(decoded_back == 333);
+  CHECK(with_note == expected_notes);
+  CHECK(encoded_exactly == static_cast<int>(expected_lines));
+  CHECK(decoded_back == static_cast<int>(expected_lines));
 }
 
 void write_file(const std::string& path, const std::string& content) {
@@ -98,6 +109,49 @@ TEST_CASE("GPT-NeoX BPE matches HF tokenizers on all 333 golden strings", "[bpe]
   };
   check_golden(gpt_neox(), "bpe_gpt_neox.jsonl", nfc_of_text);
   CHECK(gpt_neox().vocab_size() == 50277);  // 50254 model tokens + 23 runs of spaces
+}
+
+TEST_CASE("Llama-3 BPE (Split regex, ignore_merges) matches HF tokenizers on all 351 golden strings", "[bpe]") {
+  check_golden(llama3(), "bpe_llama3.jsonl", {}, 351, 0);
+  CHECK(llama3().vocab_size() == 128256);
+}
+
+TEST_CASE("Qwen3 BPE (NFC, Split regex) matches HF tokenizers on all 351 golden strings", "[bpe]") {
+  // Qwen3 normalises to NFC, so these texts decode to their composed forms, written out.
+  const std::map<std::string, std::string> nfc_of_text = {
+      {"cafe\xCC\x81", "caf\xC3\xA9"},
+      {"\xE2\x84\xABngstr\xC3\xB6m", "\xC3\x85ngstr\xC3\xB6m"},
+      {"caf\xC3\xA9 vs cafe\xCC\x81", "caf\xC3\xA9 vs caf\xC3\xA9"},
+  };
+  check_golden(qwen3(), "bpe_qwen3.jsonl", nfc_of_text, 351, 0);
+}
+
+TEST_CASE("Llama-3 and Qwen split as their regexes say", "[bpe]") {
+  // Digits: Llama-3 groups up to three, Qwen splits one by one.
+  CHECK(llama3().encode("1234567").size() == 3);
+  CHECK(qwen3().encode("1234567").size() == 7);
+  // Contractions are case-insensitive ((?i:...)): "'S" is one piece like "'s".
+  CHECK(llama3().encode("IT'S").size() == llama3().encode("IT").size() + 1);
+  // \s means White_Space (U+0085 and U+000B included), as Oniguruma's Unicode \s.
+  CHECK(llama3().decode(llama3().encode("a\xC2\x85\x0B b")) == "a\xC2\x85\x0B b");
+  // Invalid UTF-8 keeps its bytes through the ICU split.
+  CHECK(qwen3().decode(qwen3().encode("a\xE2\x82 b")) == "a\xEF\xBF\xBD b");
+}
+
+TEST_CASE("BOS comes from tokenizer_config.json: Llama-3 <|begin_of_text|>, Qwen none", "[bpe]") {
+  CHECK(llama3().declared_bos() == std::optional<int>(128000));
+  CHECK(qwen3().declared_bos() == std::optional<int>(-1));
+  CHECK_FALSE(gpt_neox().declared_bos().has_value());  // no tokenizer_config.json there
+  // Without add_bos_token the tokenizer class's default decides: GPT-NeoX's adds none.
+  const std::string dir = kvevict::test::temp_dir("bpe_bos_config");
+  std::filesystem::create_symlink(std::filesystem::absolute(data("tokenizers/gpt-neox-20b/tokenizer.json")),
+                                  dir + "/tokenizer.json");
+  write_file(dir + "/tokenizer_config.json",
+             R"({"tokenizer_class": "GPTNeoXTokenizer", "bos_token": "<|endoftext|>"})");
+  CHECK(kvevict::load_bpe_tokenizer_json(dir + "/tokenizer.json")->declared_bos() == std::optional<int>(-1));
+  write_file(dir + "/tokenizer_config.json",
+             R"({"tokenizer_class": "GPTNeoXTokenizer", "bos_token": "<|endoftext|>", "add_bos_token": true})");
+  CHECK(kvevict::load_bpe_tokenizer_json(dir + "/tokenizer.json")->declared_bos() == std::optional<int>(0));
 }
 
 TEST_CASE("GPT-NeoX applies NFC before BPE", "[bpe]") {

@@ -41,14 +41,17 @@ void check_golden_model(const std::string& model_dir, const std::string& golden_
   auto model = Model::load(test::data(model_dir));
   auto tokens = golden["tokens"].get<std::vector<int>>();
   auto policy = full_policy();
-  auto score = score_sequence(*model, *policy, Mode::Sim, tokens);
   auto expected = golden["full"]["next_token_logprob"].get<std::vector<double>>();
-  REQUIRE(score.next_token_logprob.size() == expected.size());
-  double worst = 0;
-  for (size_t i = 0; i < expected.size(); ++i)
-    worst = std::max(worst, std::abs(score.next_token_logprob[i] - expected[i]));
-  INFO("max |logprob - golden| = " << worst);
-  CHECK(worst < 1e-4);
+  // By recompute (one teacher-forced pass) and with the real cache, token by token.
+  for (Mode mode : {Mode::Sim, Mode::Decode}) {
+    auto score = score_sequence(*model, *policy, mode, tokens);
+    REQUIRE(score.next_token_logprob.size() == expected.size());
+    double worst = 0;
+    for (size_t i = 0; i < expected.size(); ++i)
+      worst = std::max(worst, std::abs(score.next_token_logprob[i] - expected[i]));
+    INFO("mode " << mode_name(mode) << " max |logprob - golden| = " << worst);
+    CHECK(worst < 1e-4);
+  }
 
   FullAttention attention;
   auto logits = model->forward(tokens, 0, attention);
@@ -163,6 +166,13 @@ TEST_CASE("PyTorch-pickle checkpoints match their float64 references", "[model][
   check_golden_model("models/tiny-random-opt-bin", "golden/tiny_models/tiny-random-opt-bin.json");
   check_golden_model("models/tiny-random-opt-bin-legacy", "golden/tiny_models/tiny-random-opt.json");
   check_golden_model("models/tiny-random-gptneox-bin-sharded", "golden/tiny_models/tiny-random-gptneox.json");
+}
+
+TEST_CASE("LLaMA-family variants match their float64 references", "[model][golden][arch]") {
+  // rope_scaling llama3; sliding_window 8; q/k/v biases; q/k norm with head_dim 32 of
+  // hidden 64; fused qkv_proj and gate_up_proj (golden/README.md, LLaMA-family goldens).
+  for (std::string name : {"llama3", "mistral", "qwen2", "qwen3", "phi3"})
+    check_golden_model("models/tiny-random-" + name, "golden/tiny_models/tiny-random-" + name + ".json");
 }
 
 TEST_CASE("bad checkpoints fail with one line naming the file or tensor", "[model][errors]") {

@@ -80,7 +80,11 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
     std::vector<int> tokens;
   };
   std::vector<Case> cases = {{"models/stories260K-hf", golden_tokens()}};
-  for (std::string name : {"tiny-random-opt", "tiny-random-gptneox"}) {
+  // The LLaMA-family fixtures: GQA, rope scaling, biases, q/k norm, fused projections
+  // and Mistral's sliding window of 8 (T = 40: budgets 4 and 8 sit at or below the
+  // window, 20 above it) all happen before the hook.
+  for (std::string name : {"tiny-random-opt", "tiny-random-gptneox", "tiny-random-llama3", "tiny-random-mistral",
+                           "tiny-random-qwen2", "tiny-random-qwen3", "tiny-random-phi3"}) {
     auto golden = test::read_json(test::data("golden/tiny_models/" + name + ".json"));
     cases.push_back({"models/" + name, golden["tokens"].get<std::vector<int>>()});
   }
@@ -114,6 +118,7 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
           INFO(c.model << " " << dtype << " policy " << name << " budget " << budget << " prefill " << prefill);
           CHECK(max_diff(sim.next_token_logprob, decode.next_token_logprob) < tolerance);
           CHECK(sim.kv.kept_per_layer == decode.kv.kept_per_layer);
+          CHECK(sim.kv.visible_per_layer == decode.kv.visible_per_layer);
           if (prefill == 0 && name != "full") {
             // The cache never holds more than the budget, plus the newest token during a step.
             SequenceShape shape;
@@ -184,4 +189,30 @@ TEST_CASE("bad policy input gets a clear error", "[policy][errors]") {
                                " --policy h2o --budget 1.5");
   CHECK(cli.exit_code != 0);
   CHECK_THAT(cli.err, Catch::Contains("outside (0, 1]"));
+}
+
+TEST_CASE("Mistral's sliding window bounds what any budget can see", "[policy][arch]") {
+  auto golden = test::read_json(test::data("golden/tiny_models/tiny-random-mistral.json"));
+  auto tokens = golden["tokens"].get<std::vector<int>>();
+  auto model = Model::load(test::data("models/tiny-random-mistral"));
+  REQUIRE(model->arch().sliding_window == 8);
+  auto full = score_sequence(*model, *make_policy("full", {}), Mode::Decode, tokens);
+  for (Mode mode : {Mode::Sim, Mode::Decode}) {
+    // 20 tokens, 10 of them recent: above the window, so h2o sees exactly what full sees.
+    PolicyOptions above;
+    above.budget.tokens = 20;
+    auto wide = score_sequence(*model, *make_policy("h2o", above), mode, tokens);
+    INFO("mode " << mode_name(mode));
+    CHECK(max_diff(wide.next_token_logprob, full.next_token_logprob) < 5e-5);
+    CHECK(wide.kv.sliding_window == 8);
+    for (size_t l = 0; l < wide.kv.kept_per_layer.size(); ++l) {
+      CHECK(wide.kv.kept_per_layer[l] == 20);
+      CHECK(wide.kv.visible_per_layer[l] == 8);  // the accounting says why 20 buys no more than 8
+    }
+    // 4 tokens: below the window, eviction changes the result.
+    PolicyOptions below;
+    below.budget.tokens = 4;
+    auto narrow = score_sequence(*model, *make_policy("h2o", below), mode, tokens);
+    CHECK(max_diff(narrow.next_token_logprob, full.next_token_logprob) > 1e-3);
+  }
 }
