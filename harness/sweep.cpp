@@ -153,6 +153,8 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
     base_options.kernel = po.value("kernel", base_options.kernel);
     base_options.pooling = po.value("pooling", base_options.pooling);
     base_options.group_reduce = po.value("group_reduce", base_options.group_reduce);
+    base_options.stride = po.value("stride", base_options.stride);
+    base_options.summary = po.value("summary", base_options.summary);
   }
   struct BudgetChoice {
     double ratio = -1;
