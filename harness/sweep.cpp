@@ -113,7 +113,8 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
       "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
-      "predictions", "note", "temperature", "file_order"};
+      "predictions", "note", "temperature", "file_order",
+      "analyze"};  // "analyze": run by `kvevict analyze --config`
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
   SweepPlan plan;
