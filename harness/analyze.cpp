@@ -405,6 +405,7 @@ std::vector<std::string> AttentionAnalysis::write_plots(const AnalyzeOptions&, c
     PlotSeries data, fit;
     data.label = "layer " + std::to_string(l);
     data.markers = false;
+    data.colour = fit.colour = static_cast<int>(l);
     for (size_t r = 0; r < s.rank_profile.size(); ++r)
       if (s.rank_profile[r] > 0)
         data.points.push_back({std::log(static_cast<double>(r + 1)), std::log(s.rank_profile[r]), std::nullopt});

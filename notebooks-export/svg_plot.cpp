@@ -367,7 +367,8 @@ std::string render_svg(const PlotSpec& plot) {
   // One line (or dashed baseline) per series, then its legend entry.
   for (std::size_t i = 0; i < plot.series.size(); ++i) {
     const PlotSeries& series = plot.series[i];
-    const std::string colour = kPalette[i % (sizeof kPalette / sizeof kPalette[0])];
+    const std::size_t palette_index = series.colour >= 0 ? static_cast<std::size_t>(series.colour) : i;
+    const std::string colour = kPalette[palette_index % (sizeof kPalette / sizeof kPalette[0])];
     svg += "<g stroke=\"" + colour + "\" fill=\"" + colour + "\">\n";
     if (series.reference) {
       double y = py(series.points.front().y);

@@ -24,6 +24,7 @@ struct PlotSeries {
   bool reference = false;
   bool markers = true;  // a circle at every point
   bool dashed = false;  // a dashed line (a fitted line, say)
+  int colour = -1;      // palette index (-1: the series' position), e.g. a fit in its data's colour
 };
 
 struct PlotSpec {
