@@ -137,6 +137,8 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   auto state = policy_.make_layer_state(layer, shape_);
   std::vector<float> row;  // what the policy observes: [Hq][slots]
   std::vector<double> exps(T);
+  std::vector<std::vector<char>> pattern(n_kv);  // static sparse patterns: slots this row attends
+  std::vector<char> masked(n_kv);
   int max_slots = 0, visible = 0;
   for (int64_t i = 0; i < T; ++i) {
     state->append(static_cast<int>(i), key_norms + i * n_kv);
@@ -146,18 +148,21 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
     // Slots the model's sliding window hides from query i: probability 0, as in decode.
     const int64_t oldest_visible = sliding_window_ > 0 ? i - sliding_window_ + 1 : 0;
     visible = 0;
+    for (int64_t kv = 0; kv < n_kv; ++kv) masked[kv] = state->visible_slots(static_cast<int>(kv), static_cast<int>(i), &pattern[kv]);
     for (int64_t h = 0; h < hq; ++h) {
       const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
+      const char* vis = masked[h / g] ? pattern[h / g].data() : nullptr;
       const Scalar* logit_row = L + (h * T + i) * T;
       double m = -std::numeric_limits<double>::infinity();
       for (int s = 0; s < n; ++s)
-        if (pos[s] >= oldest_visible) m = std::max<double>(m, logit_row[pos[s]]);
+        if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logit_row[pos[s]]);
       double sum = 0;  // exponentials summed in double: no rounding noise of its own
       int seen = 0;
       for (int s = 0; s < n; ++s) {
-        exps[s] = pos[s] >= oldest_visible ? std::exp(logit_row[pos[s]] - m) : 0.0;
+        const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
+        exps[s] = attended ? std::exp(logit_row[pos[s]] - m) : 0.0;
         sum += exps[s];
-        seen += pos[s] >= oldest_visible;
+        seen += attended;
       }
       visible = std::max(visible, seen);
       const double inv = 1.0 / sum;
@@ -283,6 +288,19 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     // Row r of the block sees the old slots and new tokens up to itself.
     auto causal = torch::ones({t, n}, torch::kBool).triu(n_prev + 1).to(q.device());
     logits = logits.masked_fill(causal, -std::numeric_limits<double>::infinity());
+  }
+  if (evicting && t == 1 && cache.state->size() > 0) {
+    // A static sparse pattern keeps keys cached that this query must not attend.
+    torch::Tensor hidden;
+    std::vector<char> visible;
+    for (int64_t h = 0; h < n_kv; ++h) {
+      if (!cache.state->visible_slots(static_cast<int>(h), static_cast<int>(start), &visible)) continue;
+      if (!hidden.defined()) hidden = torch::zeros({n_kv, 1, 1, n}, torch::kBool);
+      auto flags = hidden.accessor<bool, 4>();
+      for (size_t s = 0; s < visible.size(); ++s)
+        if (!visible[s]) flags[h][0][0][cache.rows[h][s]] = true;
+    }
+    if (hidden.defined()) logits = logits.masked_fill(hidden.to(q.device()), -std::numeric_limits<double>::infinity());
   }
   auto probs = torch::softmax(logits, -1);
   auto out = weighted_values(probs.view({n_kv, g * t, n}), values, t, hq, q.scalar_type());

@@ -170,6 +170,9 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
     }
     result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
+    std::vector<std::string> generated;
+    for (const auto& doc : result.docs) generated.push_back(doc.generated);
+    for (auto& m : diversity_metrics(generated)) result.metrics.push_back(m);
     result.n = static_cast<int>(docs.size());
   } else {
     const std::string text = read_text_file(config.task_options.data_dir + "/" + config.text_file);

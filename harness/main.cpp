@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "harness/analyze.h"
 #include "harness/commands.h"
 #include "harness/data_dir.h"
 #include "harness/errors.h"
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   random_cmd->add_option("--head-dim", random_model.head_dim, "per-head width (0: hidden / heads)")->capture_default_str();
 
   register_task_commands(app);
+  register_analyze_command(app);
 
   try {
     app.parse(argc, argv);
@@ -102,6 +104,7 @@ int main(int argc, char** argv) {
       return run_bench(bench, data_override);
     }
     if (random_cmd->parsed()) return run_make_random_model(random_model);
+    if (int rc = run_analyze_if_parsed(data_override); rc >= 0) return rc;
     return run_task_commands(app, data_override);
   } catch (const std::exception& e) {
     std::string msg = e.what();

@@ -14,7 +14,9 @@ struct PolicyFlags {
   std::string policy = "full";
   PolicyOptions options;
   void add_to(CLI::App& app) {
-    app.add_option("--policy", policy, "eviction policy: " + known_policies())->capture_default_str();
+    app.add_option("--policy", policy, "eviction policy: " + known_policies() +
+                   "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern")
+        ->capture_default_str();
     app.add_option("--budget", options.budget.ratio, "cache budget as a ratio of the sequence length, in (0, 1]");
     app.add_option("--budget-tokens", options.budget.tokens, "cache budget as an absolute token count");
     app.add_option("--heavy-share", options.budget.heavy_share,
@@ -26,6 +28,9 @@ struct PolicyFlags {
     app.add_option("--kernel", options.kernel, "snapkv/pyramidkv: pooling kernel")->capture_default_str();
     app.add_option("--pooling", options.pooling, "snapkv/pyramidkv: avg or max")->capture_default_str();
     app.add_option("--policy-seed", options.seed, "random: seed")->capture_default_str();
+    app.add_option("--stride", options.stride,
+                   "sparse-strided: stride l; sparse-fixed: block length l (default: chosen from the budget)");
+    app.add_option("--summary", options.summary, "sparse-fixed: summary positions c per block")->capture_default_str();
     app.add_option("--group-reduce", options.group_reduce, "GQA aggregation over a KV head's query heads: mean or max")
         ->capture_default_str();
   }

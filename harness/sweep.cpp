@@ -121,7 +121,8 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
       "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
       "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype", "pipelines",
-      "pipeline", "greedy"};
+      "pipeline", "greedy",
+      "analyze"};  // "analyze": run by `kvevict analyze --config`
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
   SweepPlan plan;
@@ -173,6 +174,8 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
     base_options.kernel = po.value("kernel", base_options.kernel);
     base_options.pooling = po.value("pooling", base_options.pooling);
     base_options.group_reduce = po.value("group_reduce", base_options.group_reduce);
+    base_options.stride = po.value("stride", base_options.stride);
+    base_options.summary = po.value("summary", base_options.summary);
   }
   struct BudgetChoice {
     double ratio = -1;

@@ -270,6 +270,7 @@ Axis nice_axis(double low, double high) {
 }
 
 std::string x_axis_title(const PlotSpec& plot) {
+  if (!plot.x_title.empty()) return plot.x_title;
   if (plot.x_column == "budget") return "KV budget (fraction of the sequence)";
   if (plot.x_column == "budget_tokens") return "KV budget (tokens)";
   return "heavy-hitter share of the budget";
@@ -322,8 +323,9 @@ std::string render_svg(const PlotSpec& plot) {
          coordinate(height) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   svg += "<rect x=\"0\" y=\"0\" width=\"" + coordinate(width) + "\" height=\"" +
          coordinate(height) + "\" fill=\"white\"/>\n";
-  std::string title = plot.task + ": " + plot.metric +
-                      (plot.kind == "budget" ? " vs budget" : " vs heavy-hitter share");
+  std::string title = !plot.title.empty() ? plot.title
+                                           : plot.task + ": " + plot.metric +
+                                                 (plot.kind == "budget" ? " vs budget" : " vs heavy-hitter share");
   svg += "<text x=\"" + coordinate(left + plot_width / 2) +
          "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
          "</text>\n";
@@ -358,13 +360,15 @@ std::string render_svg(const PlotSpec& plot) {
          coordinate(bottom + 42) + "\" text-anchor=\"middle\" font-size=\"13\">" +
          xml_escape(x_axis_title(plot)) + "</text>\n";
   svg += "<text transform=\"translate(20 " + coordinate(top + plot_height / 2) +
-         ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">" + xml_escape(plot.metric) +
+         ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">" +
+         xml_escape(plot.y_title.empty() ? plot.metric : plot.y_title) +
          "</text>\n";
 
   // One line (or dashed baseline) per series, then its legend entry.
   for (std::size_t i = 0; i < plot.series.size(); ++i) {
     const PlotSeries& series = plot.series[i];
-    const std::string colour = kPalette[i % (sizeof kPalette / sizeof kPalette[0])];
+    const std::size_t palette_index = series.colour >= 0 ? static_cast<std::size_t>(series.colour) : i;
+    const std::string colour = kPalette[palette_index % (sizeof kPalette / sizeof kPalette[0])];
     svg += "<g stroke=\"" + colour + "\" fill=\"" + colour + "\">\n";
     if (series.reference) {
       double y = py(series.points.front().y);
@@ -376,8 +380,11 @@ std::string render_svg(const PlotSpec& plot) {
       for (const auto& point : series.points)
         points += (points.empty() ? "" : " ") + coordinate(px(point.x)) + "," +
                   coordinate(py(point.y));
-      svg += "<polyline fill=\"none\" stroke-width=\"1.8\" points=\"" + points + "\"/>\n";
+      svg += "<polyline fill=\"none\" stroke-width=\"1.8\"" +
+             (series.dashed ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) + " points=\"" + points +
+             "\"/>\n";
       for (const auto& point : series.points) {
+        if (!series.markers) break;
         if (point.error && std::isfinite(*point.error) && *point.error > 0) {
           double x = px(point.x), y_top = py(point.y + *point.error),
                  y_bottom = py(point.y - *point.error);
@@ -394,9 +401,9 @@ std::string render_svg(const PlotSpec& plot) {
     svg += "<line x1=\"" + coordinate(legend_left) + "\" y1=\"" + coordinate(legend_y) +
            "\" x2=\"" + coordinate(legend_left + 24) + "\" y2=\"" + coordinate(legend_y) +
            "\" stroke-width=\"1.8\"" +
-           (series.reference ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) +
+           (series.reference || series.dashed ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) +
            "/>\n";
-    if (!series.reference)
+    if (!series.reference && series.markers)
       svg += "<circle cx=\"" + coordinate(legend_left + 12) + "\" cy=\"" +
              coordinate(legend_y) + "\" r=\"3.5\"/>\n";
     svg += "<text x=\"" + coordinate(legend_left + 32) + "\" y=\"" + coordinate(legend_y + 4) +

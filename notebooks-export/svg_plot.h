@@ -22,6 +22,9 @@ struct PlotSeries {
   // A policy without a budget (the full cache) is drawn as a dashed horizontal line
   // at points[0].y.
   bool reference = false;
+  bool markers = true;  // a circle at every point
+  bool dashed = false;  // a dashed line (a fitted line, say)
+  int colour = -1;      // palette index (-1: the series' position), e.g. a fit in its data's colour
 };
 
 struct PlotSpec {
@@ -30,6 +33,9 @@ struct PlotSpec {
   std::string kind;      // "budget" or "heavy_share"
   std::string x_column;  // "budget", "budget_tokens" or "heavy_share"
   std::vector<PlotSeries> series;
+  // Free-form plots (kvevict analyze) name their own title and axes; empty: derived
+  // from task, metric and x_column.
+  std::string title, x_title, y_title;
 };
 
 // What to draw, derived from the rows. One budget plot per (task, metric) that has

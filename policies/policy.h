@@ -36,6 +36,8 @@ struct PolicyOptions {
   double pyramid_beta = 20;         // pyramidkv: smallest layer budget = base / beta
   uint64_t seed = 0;                // random
   std::string group_reduce = "mean";  // GQA: how a KV head aggregates its query heads
+  int stride = -1;                  // sparse-strided: stride l / sparse-fixed: block l (-1: from the budget)
+  int summary = 1;                  // sparse-fixed: summary positions c at the end of each block
 };
 
 // What the policy is applied to.
@@ -72,6 +74,13 @@ class LayerState {
   virtual bool compress(std::vector<std::vector<int>>* keep) = 0;
   virtual int size() const = 0;
   virtual const std::vector<int>& positions(int kv_head) const = 0;
+  // Static sparse patterns keep keys cached that a later query attends again but the
+  // query at `query_position` must not see. They fill visible (one 0/1 per current slot
+  // of kv_head) and return true; false (the default) means every slot is attended. A
+  // query always attends its own key, whether or not it is a slot yet.
+  virtual bool visible_slots(int kv_head, int query_position, std::vector<char>* visible) const {
+    return false;
+  }
 };
 
 class Policy {
@@ -92,7 +101,7 @@ class Policy {
   // The budget of one layer for a sequence (PyramidKV overrides it).
   virtual Budget layer_budget(int layer, const SequenceShape& shape) const;
   // Throws kvevict::Error when the budget does not fit the sequence.
-  void validate(const SequenceShape& shape) const;
+  virtual void validate(const SequenceShape& shape) const;
   // The heavy-hitter and recent ratios of the budget, however it was asked for
   // (--heavy-ratio/--recent-ratio, or --budget B with heavy share S as S*B and (1-S)*B),
   // each snapped to the decimal it stands for, so 0.5*0.2 is the paper's 0.1.

@@ -1,6 +1,7 @@
 #include "policies/registry.h"
 
 #include "harness/errors.h"
+#include "policies/static_pattern.h"
 
 namespace kvevict {
 
@@ -27,6 +28,10 @@ std::vector<std::string> policy_names() {
 }
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
+  // "scored+pattern": heavy hitters of a scored policy on top of a static pattern.
+  const size_t plus = name.find('+');
+  if (plus != std::string::npos)
+    return compose_with_pattern(make_policy(name.substr(0, plus), options), make_policy(name.substr(plus + 1), options));
   for (const auto& e : kPolicies)
     if (name == e.name) return e.factory(options);
   std::string known;

@@ -1,9 +1,11 @@
 #include "tasks/metrics.h"
 
 #include <cmath>
+#include <set>
 
 #include "harness/errors.h"
 #include "tasks/python_text.h"
+#include "tasks/rouge.h"
 
 namespace kvevict {
 namespace {
@@ -100,6 +102,39 @@ double mean_abs_loglikelihood_change(const std::vector<ChoicePrediction>& policy
   for (size_t i = 0; i < policy.size(); ++i)
     total += std::fabs(policy[i].chosen_loglikelihood - full[i].chosen_loglikelihood);
   return total / policy.size();
+}
+
+namespace {
+// The share of distinct n-grams among a text's n-grams.
+std::optional<double> distinct_share(const std::vector<std::string>& words, int n) {
+  if (n < 1 || static_cast<int>(words.size()) < n) return std::nullopt;
+  std::set<std::vector<std::string>> seen;
+  const size_t total = words.size() - n + 1;
+  for (size_t i = 0; i < total; ++i) seen.insert(std::vector<std::string>(words.begin() + i, words.begin() + i + n));
+  return static_cast<double>(seen.size()) / total;
+}
+}  // namespace
+
+std::optional<double> distinct_n(const std::string& text, int n) {
+  return distinct_share(rouge_tokenize(text, /*use_stemmer=*/false), n);
+}
+
+std::optional<double> repetition(const std::string& text) {
+  auto distinct4 = distinct_share(rouge_tokenize(text, /*use_stemmer=*/false), 4);
+  if (!distinct4) return std::nullopt;
+  return 1.0 - *distinct4;
+}
+
+std::vector<MetricValue> diversity_metrics(const std::vector<std::string>& generations) {
+  std::vector<double> d1, d2, d3, rep;
+  for (const auto& text : generations) {
+    if (auto v = distinct_n(text, 1)) d1.push_back(*v);
+    if (auto v = distinct_n(text, 2)) d2.push_back(*v);
+    if (auto v = distinct_n(text, 3)) d3.push_back(*v);
+    if (auto v = repetition(text)) rep.push_back(*v);
+  }
+  return {mean_metric("distinct1", d1), mean_metric("distinct2", d2), mean_metric("distinct3", d3),
+          mean_metric("repetition", rep)};
 }
 
 }  // namespace kvevict

@@ -1,6 +1,7 @@
 // Turning per-choice log-likelihoods into predictions and metrics, the way
 // lm-evaluation-harness 0.3 does (and the H2O pipeline's per-token-mean variant).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,5 +41,15 @@ double prediction_agreement(const std::vector<int>& a, const std::vector<int>& b
 // Mean |chosen_loglikelihood(policy) - chosen_loglikelihood(full)| over documents.
 double mean_abs_loglikelihood_change(const std::vector<ChoicePrediction>& policy,
                                      const std::vector<ChoicePrediction>& full);
+
+// Generation diversity, on rouge_score's tokens without stemming (lowercase, runs of
+// [a-z0-9]). distinct-n of one text: distinct n-grams / all n-grams, nullopt when it has
+// fewer than n words. repetition: the share of 4-grams that repeat an earlier 4-gram of
+// the same text (Welleck et al.'s seq-rep-4, = 1 - distinct-4), nullopt below 4 words.
+std::optional<double> distinct_n(const std::string& text, int n);
+std::optional<double> repetition(const std::string& text);
+// "distinct1", "distinct2", "distinct3", "repetition": means over the generations where
+// each is defined (n counts them).
+std::vector<MetricValue> diversity_metrics(const std::vector<std::string>& generations);
 
 }  // namespace kvevict

@@ -1,0 +1,69 @@
+// Static sparse attention patterns (Sparse Transformer, Child et al. 2019) as cache
+// policies, and their composition with any scored policy ("h2o+sparse-strided").
+//
+// A pattern says which keys query i attends. It is not a monotone keep-set: the strided
+// pattern attends key j at i = j, j+1, .., j+l-1 and again at every i = j + k*l, so a
+// key it skips now comes back later. A real cache therefore holds every key a LATER
+// query still attends (the union), and each query's attention is masked to its own
+// pattern (LayerState::visible_slots). Sim mode masks the same way, so decode == sim.
+// "Kept" for these policies means what a query attends; the physical cache is reported
+// by the usual KV statistics: sparse-fixed drops each finished block but its summary
+// keys (memory follows the pattern), sparse-strided can never drop a key (memory is the
+// full cache: strided attention saves compute, not memory).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "policies/policy.h"
+
+namespace kvevict {
+
+class StaticPattern {
+ public:
+  virtual ~StaticPattern() = default;
+  // True when query i attends key j (0 <= j <= i).
+  virtual bool attends(int i, int j) const = 0;
+  // True when some query after i attends key j <= i: the cache must still hold it.
+  virtual bool needed_later(int i, int j) const = 0;
+  // Keys query i attends, itself included.
+  virtual int attended(int i) const = 0;
+  // Keys the cache holds after step i (those needed_later).
+  virtual int cached_after(int i) const = 0;
+  // The period parameter (stride or block length), for reports.
+  virtual int period() const = 0;
+};
+
+// Most keys any query 0..length-1 attends besides itself.
+int pattern_max_kept(const StaticPattern& pattern, int length);
+
+// A policy whose keep rule is a static pattern. Subclasses make the pattern for a given
+// period; the period comes from --stride, or from a kept-token budget (see
+// choose_period).
+class PatternPolicy : public Policy {
+ public:
+  using Policy::Policy;
+  virtual std::unique_ptr<StaticPattern> make_pattern(int period) const = 0;
+  virtual int min_period() const { return 1; }
+  // The shortest period whose largest per-query kept count (itself excluded) over
+  // `length` queries fits `budget_tokens`. The count is U-shaped in the period (short
+  // periods attend many distant keys, long ones approach a local window); the shortest
+  // fitting period keeps the pattern's long-range character. When none fits, the
+  // period with the smallest count (about sqrt(length)). --stride overrides it.
+  std::unique_ptr<StaticPattern> pattern_for(int budget_tokens, int length) const;
+
+  double default_heavy_share() const override { return 0.0; }
+  void validate(const SequenceShape& shape) const override;
+  Budget layer_budget(int layer, const SequenceShape& shape) const override;
+  std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const override;
+
+ private:
+  std::unique_ptr<StaticPattern> resolve(const SequenceShape& shape) const;
+};
+
+// "scored+pattern": the pattern takes the place of the scored policy's recent window
+// (and sinks): it is sized to that part of the budget, and the rest of the same total
+// budget holds heavy hitters chosen by the scored policy's own score among the keys the
+// pattern does not attend. Throws kvevict::Error when the parts are of the wrong kind.
+std::unique_ptr<Policy> compose_with_pattern(std::unique_ptr<Policy> scored, std::unique_ptr<Policy> pattern);
+
+}  // namespace kvevict

@@ -1,0 +1,236 @@
+// Sparse Transformer baselines as policies (golden mean NLL and kept count), the
+// budget -> period mapping, and the composition of a scored policy with a pattern.
+
+#include <random>
+#include <set>
+
+#include "harness/errors.h"
+#include "harness/model.h"
+#include "harness/scorer.h"
+#include "policies/registry.h"
+#include "policies/static_pattern.h"
+#include "tests/test_support.h"
+#undef CHECK
+#undef CHECK_EQ
+#include <catch2/catch.hpp>
+
+using namespace kvevict;
+
+namespace {
+
+const Model& stories() {
+  static auto model = Model::load(test::data("models/stories260K-hf"));
+  return *model;
+}
+
+std::vector<int> golden_tokens() {
+  return test::read_json(test::data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
+}
+
+double mean_nll(const SequenceScore& score) {
+  double total = 0;
+  for (double lp : score.next_token_logprob) total -= lp;
+  return total / score.next_token_logprob.size();
+}
+
+SequenceShape stories_shape(int length) {
+  SequenceShape shape;
+  shape.length = length;
+  shape.n_layers = 5;
+  shape.n_q_heads = 8;
+  shape.n_kv_heads = 4;
+  return shape;
+}
+
+// Runs a layer state over `length` steps with seeded random attention and calls
+// check(i, visible keys per KV head) for every query i.
+void drive(LayerState& state, const SequenceShape& shape, int length,
+           const std::function<void(int, const std::vector<std::set<int>>&)>& check) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<float> norms(shape.n_kv_heads, 1.0f), probs;
+  for (int i = 0; i < length; ++i) {
+    state.append(i, norms.data());
+    const int n = state.size();
+    std::vector<std::set<int>> visible(shape.n_kv_heads);
+    probs.assign(static_cast<size_t>(shape.n_q_heads) * n, 0.0f);
+    for (int kv = 0; kv < shape.n_kv_heads; ++kv) {
+      std::vector<char> flags;
+      const bool masked = state.visible_slots(kv, i, &flags);
+      const auto& pos = state.positions(kv);
+      for (int s = 0; s < n; ++s)
+        if (!masked || flags[s]) visible[kv].insert(pos[s]);
+      for (int q = kv * shape.group(); q < (kv + 1) * shape.group(); ++q) {
+        float sum = 0;
+        for (int s = 0; s < n; ++s)
+          if (!masked || flags[s]) sum += (probs[static_cast<size_t>(q) * n + s] = uniform(rng));
+        for (int s = 0; s < n; ++s) probs[static_cast<size_t>(q) * n + s] /= sum;
+      }
+    }
+    check(i, visible);
+    state.observe(probs.data());
+    state.compress(nullptr);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pattern counts agree with the pattern's definition", "[policy][sparse]") {
+  for (const std::string name : {"sparse-strided", "sparse-fixed"}) {
+    for (int period : {1, 2, 5, 7}) {
+      for (int summary : {0, 1, 2}) {
+        if (summary > period) continue;
+        PolicyOptions o;
+        o.summary = summary;
+        auto policy = make_policy(name, o);
+        auto pattern = dynamic_cast<const PatternPolicy&>(*policy).make_pattern(period);
+        for (int i = 0; i < 60; ++i) {
+          int attended = 0, cached = 0;
+          for (int j = 0; j <= i; ++j) {
+            attended += pattern->attends(i, j);
+            bool later = false;
+            for (int k = i + 1; k < i + 4 * period + 2; ++k) later |= pattern->attends(k, j);
+            cached += later;
+            CHECK(pattern->needed_later(i, j) == later);
+          }
+          INFO(name << " l=" << period << " c=" << summary << " i=" << i);
+          CHECK(pattern->attended(i) == attended);
+          CHECK(pattern->cached_after(i) == cached);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("sparse-strided and sparse-fixed reproduce the golden masks", "[policy][sparse][golden]") {
+  auto golden = test::read_json(test::data("golden/sparse_baselines_stories260K_T200.json"));
+  auto tokens = golden_tokens();
+  REQUIRE(static_cast<int>(tokens.size()) == golden["tokens"].get<int>());
+  for (const auto& [name, key] : std::vector<std::pair<std::string, std::string>>{{"sparse-strided", "strided"},
+                                                                                 {"sparse-fixed", "fixed"}}) {
+    PolicyOptions o;
+    o.stride = golden["stride"].get<int>();
+    o.summary = golden["summary"].get<int>();
+    auto policy = make_policy(name, o);
+    for (Mode mode : {Mode::Sim, Mode::Decode}) {
+      auto score = score_sequence(stories(), *policy, mode, tokens);
+      INFO(name << " " << mode_name(mode) << " mean_nll " << mean_nll(score));
+      CHECK(std::abs(mean_nll(score) - golden[key]["mean_nll"].get<double>()) < 1e-4);
+    }
+    // The last query attends exactly the golden's key count.
+    const SequenceShape shape = stories_shape(static_cast<int>(tokens.size()));
+    auto state = policy->make_layer_state(0, shape);
+    int last_row = -1;
+    drive(*state, shape, shape.length, [&](int i, const std::vector<std::set<int>>& visible) {
+      if (i == shape.length - 1) last_row = static_cast<int>(visible[0].size());
+    });
+    CHECK(last_row == golden[key]["kept_last_row"].get<int>());
+  }
+}
+
+TEST_CASE("a budget maps to the shortest period that fits", "[policy][sparse]") {
+  const int length = 200;
+  for (const std::string name : {"sparse-strided", "sparse-fixed"}) {
+    for (double budget : {0.2, 0.3, 0.5}) {
+      PolicyOptions o;
+      o.budget.ratio = budget;
+      auto policy = make_policy(name, o);
+      const auto& pattern_policy = dynamic_cast<const PatternPolicy&>(*policy);
+      const int tokens = static_cast<int>(budget * length);
+      auto chosen = pattern_policy.pattern_for(tokens, length);
+      INFO(name << " budget " << budget << " period " << chosen->period());
+      CHECK(pattern_max_kept(*chosen, length) <= tokens);
+      if (chosen->period() > 1)
+        CHECK(pattern_max_kept(*pattern_policy.make_pattern(chosen->period() - 1), length) > tokens);
+    }
+  }
+  // stride 5 at 200 tokens keeps 43 besides the query: the smallest budget it fits is 43.
+  PolicyOptions o;
+  auto strided = make_policy("sparse-strided", o);
+  CHECK(dynamic_cast<const PatternPolicy&>(*strided).pattern_for(43, length)->period() == 5);
+  // Below about 2*sqrt(T) no period fits: the shortest with the smallest count (27) is used.
+  CHECK(dynamic_cast<const PatternPolicy&>(*strided).pattern_for(10, length)->period() == 12);
+}
+
+TEST_CASE("h2o on a static pattern keeps at most B*L keys and always the pattern", "[policy][sparse][compose]") {
+  const int length = 200;
+  const SequenceShape shape = stories_shape(length);
+  for (const std::string pattern_name : {"sparse-strided", "sparse-fixed"}) {
+    for (double budget : {0.2, 0.3, 0.5}) {
+      PolicyOptions o;
+      o.budget.ratio = budget;
+      auto composed = make_policy("h2o+" + pattern_name, o);
+      CHECK(composed->name() == "h2o+" + pattern_name);
+      // The pattern alone at the composition's pattern share (h2o: half the budget).
+      auto alone = make_policy(pattern_name, o);
+      auto pattern = dynamic_cast<const PatternPolicy&>(*alone).pattern_for(static_cast<int>(budget * length) / 2 +
+                                                                              static_cast<int>(budget * length) % 2,
+                                                                          length);
+      const int capacity = static_cast<int>(budget * length);
+      auto state = composed->make_layer_state(0, shape);
+      int most = 0, heavy_seen = 0;
+      drive(*state, shape, length, [&](int i, const std::vector<std::set<int>>& visible) {
+        for (const auto& keys : visible) {
+          INFO(pattern_name << " budget " << budget << " query " << i);
+          REQUIRE(keys.count(i) == 1);
+          CHECK(static_cast<int>(keys.size()) - 1 <= capacity);  // B*L besides the query itself
+          for (int j = 0; j <= i; ++j)
+            if (pattern->attends(i, j)) REQUIRE(keys.count(j) == 1);
+          int extra = 0;
+          for (int j : keys) extra += !pattern->attends(i, j);
+          heavy_seen = std::max(heavy_seen, extra);
+          most = std::max(most, static_cast<int>(keys.size()) - 1);
+        }
+      });
+      INFO(pattern_name << " budget " << budget << " most " << most << " heavy " << heavy_seen);
+      CHECK(heavy_seen > 0);      // heavy hitters were added on top of the pattern
+      CHECK(most >= capacity - 2);  // and the budget is used
+    }
+  }
+}
+
+TEST_CASE("composed policies: sim == decode and bad combinations", "[policy][sparse][compose][sim-decode]") {
+  ModelOptions f64;
+  f64.dtype = "float64";
+  auto model = Model::load(test::data("models/stories260K-hf"), f64);
+  auto tokens = golden_tokens();
+  for (const std::string name : {"h2o+sparse-strided", "h2o+sparse-fixed", "tova+sparse-fixed", "snapkv+sparse-strided"}) {
+    for (int prefill : {0, 100}) {
+      PolicyOptions o;
+      o.budget.ratio = 0.3;
+      o.window = 8;
+      auto policy = make_policy(name, o);
+      auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
+      auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
+      double worst = 0;
+      for (size_t i = 0; i < sim.next_token_logprob.size(); ++i)
+        worst = std::max(worst, std::abs(sim.next_token_logprob[i] - decode.next_token_logprob[i]));
+      INFO(name << " prefill " << prefill << " max diff " << worst);
+      CHECK(worst < 1e-9);
+      CHECK(sim.kv.kept_per_layer == decode.kv.kept_per_layer);
+    }
+  }
+  auto error_of = [](const std::string& name) {
+    try {
+      make_policy(name, {});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of("h2o+local"), Catch::Contains("not a static pattern"));
+  CHECK_THAT(error_of("full+sparse-fixed"), Catch::Contains("not a scored eviction policy"));
+  CHECK_THAT(error_of("h2o+nope"), Catch::Contains("unknown policy \"nope\""));
+  PolicyOptions bad;
+  bad.stride = 3;
+  bad.summary = 4;
+  CHECK_THAT(([&] {
+               try {
+                 score_sequence(stories(), *make_policy("sparse-fixed", bad), Mode::Sim, golden_tokens());
+               } catch (const Error& e) {
+                 return std::string(e.what());
+               }
+               return std::string();
+             })(),
+             Catch::Contains("--summary 4"));
+}
