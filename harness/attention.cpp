@@ -281,9 +281,10 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
 
   auto logits = attention_logits(q, keys).view({n_kv, g, t, n});
   if (sliding_window_ == 0) stats_.visible_per_layer[layer] = static_cast<int>(n);
+  torch::Tensor window_hidden;  // [Hkv, 1, t, n] on the CPU, when the model has a window
   if (sliding_window_ > 0) {
-    logits = logits.masked_fill(window_mask(cache, start, t, layer).to(q.device()),
-                                -std::numeric_limits<double>::infinity());
+    window_hidden = window_mask(cache, start, t, layer);
+    logits = logits.masked_fill(window_hidden.to(q.device()), -std::numeric_limits<double>::infinity());
   } else if (t > 1) {
     // Row r of the block sees the old slots and new tokens up to itself.
     auto causal = torch::ones({t, n}, torch::kBool).triu(n_prev + 1).to(q.device());
@@ -300,7 +301,12 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
       for (size_t s = 0; s < visible.size(); ++s)
         if (!visible[s]) flags[h][0][0][cache.rows[h][s]] = true;
     }
-    if (hidden.defined()) logits = logits.masked_fill(hidden.to(q.device()), -std::numeric_limits<double>::infinity());
+    if (hidden.defined()) {
+      logits = logits.masked_fill(hidden.to(q.device()), -std::numeric_limits<double>::infinity());
+      // What the query sees: neither hidden by its pattern nor by the model's window.
+      if (window_hidden.defined()) hidden = hidden.logical_or(window_hidden);
+      stats_.visible_per_layer[layer] = static_cast<int>((~hidden.select(2, 0)).sum(-1).max().item<int64_t>());
+    }
   }
   auto probs = torch::softmax(logits, -1);
   auto out = weighted_values(probs.view({n_kv, g * t, n}), values, t, hq, q.scalar_type());

@@ -339,9 +339,12 @@ TEST_CASE("CNN/DM runs end to end in both pipelines", "[tasks][cnndm][eval]") {
     INFO((pipeline == Pipeline::H2O ? "h2o" : "lm-eval") << " pipeline");
     const EvalResult result = run(pipeline, 0, "h2o");
     CHECK(result.n == 3);
-    REQUIRE(result.metrics.size() == 3);
+    // ROUGE-1/2/L, then the diversity metrics every generation task reports.
+    REQUIRE(result.metrics.size() == 7);
     CHECK(result.metrics[0].name == "rouge1");
     CHECK(result.metrics[2].name == "rougeL");
+    CHECK(result.metrics[3].name == "distinct1");
+    CHECK(result.metrics[6].name == "repetition");
     CHECK(result.metrics[0].value > 0);  // stories260K's words overlap the highlights a little
     for (const auto& m : result.metrics) CHECK((m.value >= 0 && m.value <= 100));
     REQUIRE(result.agreement_with_full.has_value());
