@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "tasks/fewshot.h"
+#include "tasks/helm_summarization.h"
 #include "tasks/jsonl.h"
 #include "tasks/python_text.h"
 
@@ -22,21 +23,8 @@ namespace {
 constexpr size_t kFewshotPool = 100;
 constexpr size_t kHelmMaxWords = 512;
 
-// HELM SummarizationScenario._clean_and_truncate: newlines to spaces, then
-// " ".join(text.split()[:max_words]).
-std::string helm_clean(const std::string& text, size_t max_words) {
-  std::string out;
-  size_t count = 0;
-  for (const auto& word : python_split(text)) {
-    if (count++ == max_words) break;
-    if (!out.empty()) out += ' ';
-    out += word;
-  }
-  return out;
-}
-
 std::string example_block(const std::string& article) {
-  return "###\nArticle: " + article + "\n\nSummarize the above article in 1 sentence.\n";
+  return helm_summarization_block(article, "Summarize the above article in 1 sentence.");
 }
 
 struct XsumDoc {
@@ -49,8 +37,8 @@ std::vector<XsumDoc> load_xsum(const std::string& path, bool helm_truncate) {
     XsumDoc doc{std::to_string(row.int_field("idx")), row.string_field("document"),
                 row.string_field("summary")};
     if (helm_truncate) {
-      doc.article = helm_clean(doc.article, kHelmMaxWords);
-      doc.summary = helm_clean(doc.summary, static_cast<size_t>(-1));
+      doc.article = helm_clean_and_truncate(doc.article, kHelmMaxWords);
+      doc.summary = helm_clean_and_truncate(doc.summary);
     }
     docs.push_back(std::move(doc));
   }
