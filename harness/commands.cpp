@@ -55,7 +55,23 @@ int run_generate(const GenerateArgs& args) {
   options.seed = args.seed;
   options.stream = args.stream;
   Generation out = generate(*model, *policy, prompt, options);
-  std::cout << args.prompt << out.text << std::endl;
+  // Decoded alone, the new tokens lose the space a SentencePiece piece carries at the
+  // start of a text ("Once" + "upon"); decoded after the prompt they keep it.
+  std::string continuation = out.text;
+  if (const Tokenizer* tokenizer = model->tokenizer(); tokenizer && !out.tokens.empty()) {
+    std::vector<int> context(prompt.begin(), prompt.end());
+    if (!context.empty() && context.front() == model->arch().bos_token_id) context.erase(context.begin());
+    const std::string before = tokenizer->decode(context);
+    context.insert(context.end(), out.tokens.begin(), out.tokens.end());
+    const std::string joint = tokenizer->decode(context);
+    if (joint.compare(0, before.size(), before) == 0) {
+      const std::string tail = joint.substr(before.size());
+      // out.text may stop early at a stop sequence: keep only as much as it kept.
+      if (tail.size() >= out.text.size() && tail.compare(tail.size() - out.text.size(), out.text.size(), out.text) == 0)
+        continuation = tail;
+    }
+  }
+  std::cout << args.prompt << continuation << std::endl;
   return 0;
 }
 

@@ -133,6 +133,19 @@ TEST_CASE("generate reproduces llama2.c's documented greedy stories260K output",
   CHECK(result.out.substr(0, expected.size()) == expected);
 }
 
+TEST_CASE("generate keeps the space before the first new token", "[model][cli]") {
+  // The greedy continuation of "Once" is the same text as the prompt "Once upon a time"
+  // continues; decoding the new tokens on their own used to print "Onceupon".
+  auto short_prompt = test::run_kvevict("generate --model " + test::data("models/stories260K-hf") +
+                                        " --prompt Once --max-new-tokens 6");
+  REQUIRE(short_prompt.exit_code == 0);
+  CHECK(short_prompt.out.rfind("Once upon a time,", 0) == 0);
+  auto from_bos = test::run_kvevict("generate --model " + test::data("models/stories260K-hf") +
+                                    " --prompt \"\" --max-new-tokens 6");
+  REQUIRE(from_bos.exit_code == 0);
+  CHECK(from_bos.out.rfind("Once upon a time,", 0) == 0);
+}
+
 TEST_CASE("bfloat16 compute agrees with float32 on the first greedy tokens", "[model][dtype]") {
   // Measured: bf16 and fp32 greedy decoding from BOS agree on the first 235 of 256
   // tokens of stories260K, then drift apart; we assert what was measured, not more.
