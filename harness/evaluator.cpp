@@ -202,7 +202,12 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   // Requests never exceed the model's context, as lm-eval's max_length.
   EvalConfig config = requested;
   config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
+  const int limit = config.task_options.limit;
+  if (limit == 0 || limit < -1)
+    throw Error("limit must be a positive number of documents (or -1 for all), got " + std::to_string(limit));
   EvalResult result = run(model, config, progress);
+  // An accuracy over no documents is not a number to report.
+  if (result.n == 0) throw Error("task " + config.task + " has no documents to evaluate");
   const TaskKind kind = make_task(config.task)->kind();
   if (config.policy == "full" || !config.compare_with_full || kind == TaskKind::Perplexity) return result;
   std::optional<EvalResult> local;
