@@ -15,26 +15,17 @@ using namespace kvevict;
 
 namespace {
 
-const Model& stories() {
-  static auto model = Model::load(test::data("models/stories260K-hf"));
-  return *model;
-}
-
-std::vector<int> golden_tokens() {
-  return test::read_json(test::data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
-}
-
 }  // namespace
 
 TEST_CASE("analyze reproduces the golden attention statistics", "[analyze][golden]") {
   auto golden = test::read_json(test::data("golden/attention_stats_stories260K_T200.json"));
-  auto tokens = golden_tokens();
+  auto tokens = test::golden_tokens();
   REQUIRE(static_cast<int>(tokens.size()) == golden["tokens"].get<int>());
   AnalyzeOptions options;
   options.recall_policies = {};
   for (int block : {256, 7}) {  // one block, or many: the same numbers
     options.block_rows = block;
-    AttentionAnalysis analysis = analyze_attention(stories(), {tokens}, options);
+    AttentionAnalysis analysis = analyze_attention(test::stories(), {tokens}, options);
     REQUIRE(analysis.layers.size() == golden["layers"].size());
     for (size_t l = 0; l < analysis.layers.size(); ++l) {
       const auto& want = golden["layers"][l];
@@ -49,12 +40,12 @@ TEST_CASE("analyze reproduces the golden attention statistics", "[analyze][golde
 }
 
 TEST_CASE("attention recall and heavy-hitter persistence behave as defined", "[analyze]") {
-  auto tokens = golden_tokens();
+  auto tokens = test::golden_tokens();
   AnalyzeOptions options;
   options.recall_policies = {"full", "local", "h2o", "sparse-strided"};
   options.recall_budgets = {0.1, 0.5, 1.0};
   options.persistence_deltas = {1, 64};
-  AttentionAnalysis analysis = analyze_attention(stories(), {tokens}, options);
+  AttentionAnalysis analysis = analyze_attention(test::stories(), {tokens}, options);
   for (const auto& layer : analysis.layers) {
     // The full cache and a budget of the whole sequence hold all attention (float32 rows sum to 1 within 1e-8).
     CHECK(layer.recall.at("full").at(0.1).recall() == Approx(1.0).margin(1e-6));

@@ -24,11 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const Model& stories() {
-  static auto model = Model::load(test::data("models/stories260K-hf"));
-  return *model;
-}
-
 EvalConfig h2o_piqa_config(const std::string& policy, const PolicyOptions& options) {
   EvalConfig config;
   config.task = "piqa";
@@ -78,7 +73,7 @@ Budget budget_of(const std::string& policy, const BudgetSpec& spec, int length) 
 TEST_CASE("pipeline h2o reproduces golden/h2o_pipeline_piqa300.json", "[h2o_pipeline][golden]") {
   int compared = 0;
   SECTION("full cache, through the library") {
-    const EvalResult full = evaluate(stories(), h2o_piqa_config("full", {}));
+    const EvalResult full = evaluate(test::stories(), h2o_piqa_config("full", {}));
     const double worst = worst_golden_diff(full, "full", &compared);
     INFO("max |diff| " << worst << " over " << compared << " scores");
     CHECK(compared == 200);
@@ -112,7 +107,7 @@ TEST_CASE("pipeline h2o reproduces golden/h2o_pipeline_piqa300.json", "[h2o_pipe
     PolicyOptions options;
     options.budget.ratio = 0.2;
     options.budget.heavy_share = 0.5;
-    const double worst = worst_golden_diff(evaluate(stories(), h2o_piqa_config("h2o-paper", options)),
+    const double worst = worst_golden_diff(evaluate(test::stories(), h2o_piqa_config("h2o-paper", options)),
                                            "h2o-paper_0.1_0.1", &compared);
     INFO("max |diff| " << worst);
     CHECK(worst < 1e-4);
@@ -122,14 +117,14 @@ TEST_CASE("pipeline h2o reproduces golden/h2o_pipeline_piqa300.json", "[h2o_pipe
 TEST_CASE("the H2O adaptor scores the ftfy-fixed text and joint tokens", "[h2o_pipeline]") {
   auto policy = make_policy("full", {});
   // Curly quotes are uncurled before tokenising: the same scores as the straight text.
-  auto curly = score_h2o_request(stories(), *policy, Mode::Sim, {"\xE2\x80\x9CTom\xE2\x80\x99s dog", " ran home."});
-  auto plain = score_h2o_request(stories(), *policy, Mode::Sim, {"\"Tom's dog", " ran home."});
+  auto curly = score_h2o_request(test::stories(), *policy, Mode::Sim, {"\xE2\x80\x9CTom\xE2\x80\x99s dog", " ran home."});
+  auto plain = score_h2o_request(test::stories(), *policy, Mode::Sim, {"\"Tom's dog", " ran home."});
   CHECK(curly.result.sum_logprob == plain.result.sum_logprob);
   CHECK(curly.result.num_tokens == plain.result.num_tokens);
   // SentencePiece's separate continuation has one extra "▁" piece: the eval mask spans
   // one position more than the joint continuation, and the scoring stops at the end of
   // the joint sequence, so it covers the joint continuation exactly.
-  const auto& tokenizer = stories().require_tokenizer();
+  const auto& tokenizer = test::stories().require_tokenizer();
   const int joint_cont = static_cast<int>(tokenizer.encode("\"Tom's dog ran home.").size() -
                                           tokenizer.encode("\"Tom's dog").size());
   const int separate_cont = static_cast<int>(tokenizer.encode(" ran home.").size());
@@ -142,10 +137,10 @@ TEST_CASE("pipeline h2o refuses what the adaptor does not do", "[h2o_pipeline][e
   EvalConfig config = h2o_piqa_config("full", {});
   config.task_options.limit = 1;
   config.bos = true;
-  CHECK_THROWS_WITH(evaluate(stories(), config), Catch::Contains("--pipeline h2o runs without BOS"));
+  CHECK_THROWS_WITH(evaluate(test::stories(), config), Catch::Contains("--pipeline h2o runs without BOS"));
   config.bos.reset();
   config.protocol = Protocol::PrefillCompress;
-  CHECK_THROWS_WITH(evaluate(stories(), config), Catch::Contains("stream protocol"));
+  CHECK_THROWS_WITH(evaluate(test::stories(), config), Catch::Contains("stream protocol"));
   CHECK_THROWS_WITH(parse_pipeline("helm"), Catch::Contains("unknown pipeline \"helm\""));
 }
 
@@ -217,10 +212,10 @@ TEST_CASE("eval sizes stream budgets on the joint request and h2o-global sums it
   config.policy_options.budget.heavy_ratio = 0.1;
   config.policy_options.budget.recent_ratio = 0.1;
   config.compare_with_full = false;
-  const EvalResult result = evaluate(stories(), config);
+  const EvalResult result = evaluate(test::stories(), config);
   const auto docs = make_task("copa")->multiple_choice_docs(config.task_options);
   auto policy = make_policy("h2o-global", config.policy_options);
-  const auto& tokenizer = stories().require_tokenizer();
+  const auto& tokenizer = test::stories().require_tokenizer();
   double worst_all_rows = 0, worst_without_last = 0;
   for (size_t d = 0; d < docs.size(); ++d) {
     for (size_t c = 0; c < docs[d].requests.size(); ++c) {
@@ -228,9 +223,9 @@ TEST_CASE("eval sizes stream budgets on the joint request and h2o-global sums it
       const auto cont = tokenizer.encode(docs[d].requests[c].continuation);
       whole.insert(whole.end(), cont.begin(), cont.end());
       const int L = static_cast<int>(whole.size());
-      auto all_rows = score_sequence(stories(), *policy, Mode::Sim, whole, 0, L);
+      auto all_rows = score_sequence(test::stories(), *policy, Mode::Sim, whole, 0, L);
       std::vector<int> input(whole.begin(), whole.end() - 1);
-      auto without_last = score_sequence(stories(), *policy, Mode::Sim, input, 0, L, whole.back());
+      auto without_last = score_sequence(test::stories(), *policy, Mode::Sim, input, 0, L, whole.back());
       double sum_all = 0, sum_without = 0;
       for (int j = L - static_cast<int>(cont.size()); j < L; ++j) {
         sum_all += all_rows.next_token_logprob[j - 1];

@@ -25,11 +25,6 @@ using namespace kvevict;
 
 namespace {
 
-const Model& stories() {
-  static auto model = Model::load(test::data("models/stories260K-hf"));
-  return *model;
-}
-
 TaskOptions real_data() {
   TaskOptions options;
   options.data_dir = test::data("");
@@ -131,7 +126,7 @@ TEST_CASE("MathQA matches the stories260K golden (documents 0-99, file order)",
   config.task_options.lm_eval_shuffle = false;
   config.task_options.limit = 100;
   config.compare_with_full = false;
-  const EvalResult result = evaluate(stories(), config);
+  const EvalResult result = evaluate(test::stories(), config);
   REQUIRE(result.docs.size() == 100);
   const auto docs = mathqa_in_file_order();
   double worst = 0;
@@ -333,7 +328,7 @@ TEST_CASE("CNN/DM runs end to end in both pipelines", "[tasks][cnndm][eval]") {
     config.policy = policy;
     if (policy != "full") config.policy_options.budget.ratio = 0.2;
     config.sample_seed = seed;
-    return evaluate(stories(), config);
+    return evaluate(test::stories(), config);
   };
   for (Pipeline pipeline : {Pipeline::LmEval, Pipeline::H2O}) {
     INFO((pipeline == Pipeline::H2O ? "h2o" : "lm-eval") << " pipeline");

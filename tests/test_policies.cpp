@@ -15,15 +15,6 @@ using namespace kvevict;
 
 namespace {
 
-const Model& stories() {
-  static auto model = Model::load(test::data("models/stories260K-hf"));
-  return *model;
-}
-
-std::vector<int> golden_tokens() {
-  return test::read_json(test::data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
-}
-
 double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
@@ -48,7 +39,7 @@ TEST_CASE("h2o-paper reproduces the paper's lm-eval simulation", "[policy][golde
   o.budget.heavy_ratio = golden["h2o_paper"]["heavy_ratio"].get<double>();
   o.budget.recent_ratio = golden["h2o_paper"]["recent_ratio"].get<double>();
   auto policy = make_policy("h2o-paper", o);
-  auto score = score_sequence(stories(), *policy, Mode::Sim, golden_tokens());
+  auto score = score_sequence(test::stories(), *policy, Mode::Sim, test::golden_tokens());
   double worst = max_diff(score.next_token_logprob,
                           golden["h2o_paper"]["next_token_logprob"].get<std::vector<double>>());
   INFO("max diff " << worst);
@@ -57,7 +48,7 @@ TEST_CASE("h2o-paper reproduces the paper's lm-eval simulation", "[policy][golde
   PolicyOptions share;
   share.budget.ratio = 0.2;
   share.budget.heavy_share = 0.5;
-  auto same = score_sequence(stories(), *make_policy("h2o-paper", share), Mode::Sim, golden_tokens());
+  auto same = score_sequence(test::stories(), *make_policy("h2o-paper", share), Mode::Sim, test::golden_tokens());
   CHECK(max_diff(same.next_token_logprob, score.next_token_logprob) == 0);
 }
 
@@ -67,7 +58,7 @@ TEST_CASE("local keeps keys i-r..i, as the reference local mask", "[policy][gold
   o.budget.tokens = golden["local"]["recent_budget"].get<int>();
   auto policy = make_policy("local", o);
   for (Mode mode : {Mode::Sim, Mode::Decode}) {
-    auto score = score_sequence(stories(), *policy, mode, golden_tokens());
+    auto score = score_sequence(test::stories(), *policy, mode, test::golden_tokens());
     double worst = max_diff(score.next_token_logprob, golden["local"]["next_token_logprob"].get<std::vector<double>>());
     INFO("mode " << mode_name(mode) << " max diff " << worst);
     CHECK(worst < 1e-4);
@@ -79,7 +70,7 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
     std::string model;
     std::vector<int> tokens;
   };
-  std::vector<Case> cases = {{"models/stories260K-hf", golden_tokens()}};
+  std::vector<Case> cases = {{"models/stories260K-hf", test::golden_tokens()}};
   // The LLaMA-family fixtures: GQA, rope scaling, biases, q/k norm, fused projections
   // and Mistral's sliding window of 8 (T = 40: budgets 4 and 8 sit at or below the
   // window, 20 above it) all happen before the hook.
@@ -134,24 +125,24 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
 }
 
 TEST_CASE("evicting policies change the log-probs; full does not", "[policy]") {
-  auto tokens = golden_tokens();
-  auto full = score_sequence(stories(), *make_policy("full", {}), Mode::Sim, tokens);
+  auto tokens = test::golden_tokens();
+  auto full = score_sequence(test::stories(), *make_policy("full", {}), Mode::Sim, tokens);
   for (const std::string& name : policy_names()) {
     if (name == "full") continue;
     PolicyOptions o;
     o.budget.ratio = 0.1;
-    auto score = score_sequence(stories(), *make_policy(name, o), Mode::Sim, tokens);
+    auto score = score_sequence(test::stories(), *make_policy(name, o), Mode::Sim, tokens);
     INFO(name);
     CHECK(max_diff(score.next_token_logprob, full.next_token_logprob) > 1e-3);
   }
 }
 
 TEST_CASE("decode-mode memory follows the budget", "[policy]") {
-  auto tokens = golden_tokens();
+  auto tokens = test::golden_tokens();
   PolicyOptions o;
   o.budget.ratio = 0.2;
-  auto h2o = score_sequence(stories(), *make_policy("h2o", o), Mode::Decode, tokens);
-  auto full = score_sequence(stories(), *make_policy("full", {}), Mode::Decode, tokens);
+  auto h2o = score_sequence(test::stories(), *make_policy("h2o", o), Mode::Decode, tokens);
+  auto full = score_sequence(test::stories(), *make_policy("full", {}), Mode::Decode, tokens);
   for (int kept : h2o.kv.kept_per_layer) CHECK(kept == 40);
   for (int kept : full.kv.kept_per_layer) CHECK(kept == 200);
   // 5 layers x (K+V) x 4 KV heads x head_dim 8 x 4 bytes x 41 tokens at most.
@@ -160,30 +151,30 @@ TEST_CASE("decode-mode memory follows the budget", "[policy]") {
 }
 
 TEST_CASE("bad policy input gets a clear error", "[policy][errors]") {
-  auto tokens = golden_tokens();
+  auto tokens = test::golden_tokens();
   CHECK_THAT(error_of([] { make_policy("lru", {}); }), Catch::Contains("unknown policy \"lru\"") && Catch::Contains("h2o"));
   for (double bad : {0.0, -0.1, 1.5}) {
     PolicyOptions o;
     o.budget.ratio = bad;
-    CHECK_THAT(error_of([&] { score_sequence(stories(), *make_policy("h2o", o), Mode::Sim, tokens); }),
+    CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o", o), Mode::Sim, tokens); }),
                Catch::Contains("outside (0, 1]"));
   }
   PolicyOptions sink;
   sink.budget.tokens = 3;
-  CHECK_THAT(error_of([&] { score_sequence(stories(), *make_policy("streamingllm", sink), Mode::Sim, tokens); }),
+  CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("streamingllm", sink), Mode::Sim, tokens); }),
              Catch::Contains("smaller than the 4 sink tokens"));
   PolicyOptions too_big;
   too_big.budget.tokens = 500;
-  CHECK_THAT(error_of([&] { score_sequence(stories(), *make_policy("h2o", too_big), Mode::Sim, tokens); }),
+  CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o", too_big), Mode::Sim, tokens); }),
              Catch::Contains("larger than the sequence"));
   PolicyOptions paper;
   paper.budget.ratio = 0.2;
-  CHECK_THAT(error_of([&] { score_sequence(stories(), *make_policy("h2o-paper", paper), Mode::Decode, tokens); }),
+  CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o-paper", paper), Mode::Decode, tokens); }),
              Catch::Contains("sim-only") || Catch::Contains("--mode sim"));
-  CHECK_THAT(error_of([&] { score_sequence(stories(), *make_policy("h2o-global", paper), Mode::Decode, tokens); }),
+  CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o-global", paper), Mode::Decode, tokens); }),
              Catch::Contains("--mode sim"));
   PolicyOptions none;
-  CHECK_THAT(error_of([&] { score_sequence(stories(), *make_policy("h2o", none), Mode::Sim, tokens); }),
+  CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o", none), Mode::Sim, tokens); }),
              Catch::Contains("needs a budget"));
   auto cli = test::run_kvevict("perplexity --text-file " + test::data("text/tinystories_sample.txt") +
                                " --policy h2o --budget 1.5");

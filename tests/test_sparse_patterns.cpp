@@ -18,15 +18,6 @@ using namespace kvevict;
 
 namespace {
 
-const Model& stories() {
-  static auto model = Model::load(test::data("models/stories260K-hf"));
-  return *model;
-}
-
-std::vector<int> golden_tokens() {
-  return test::read_json(test::data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
-}
-
 double mean_nll(const SequenceScore& score) {
   double total = 0;
   for (double lp : score.next_token_logprob) total -= lp;
@@ -104,7 +95,7 @@ TEST_CASE("pattern counts agree with the pattern's definition", "[policy][sparse
 
 TEST_CASE("sparse-strided and sparse-fixed reproduce the golden masks", "[policy][sparse][golden]") {
   auto golden = test::read_json(test::data("golden/sparse_baselines_stories260K_T200.json"));
-  auto tokens = golden_tokens();
+  auto tokens = test::golden_tokens();
   REQUIRE(static_cast<int>(tokens.size()) == golden["tokens"].get<int>());
   for (const auto& [name, key] : std::vector<std::pair<std::string, std::string>>{{"sparse-strided", "strided"},
                                                                                  {"sparse-fixed", "fixed"}}) {
@@ -113,7 +104,7 @@ TEST_CASE("sparse-strided and sparse-fixed reproduce the golden masks", "[policy
     o.summary = golden["summary"].get<int>();
     auto policy = make_policy(name, o);
     for (Mode mode : {Mode::Sim, Mode::Decode}) {
-      auto score = score_sequence(stories(), *policy, mode, tokens);
+      auto score = score_sequence(test::stories(), *policy, mode, tokens);
       INFO(name << " " << mode_name(mode) << " mean_nll " << mean_nll(score));
       CHECK(std::abs(mean_nll(score) - golden[key]["mean_nll"].get<double>()) < 1e-4);
     }
@@ -193,7 +184,7 @@ TEST_CASE("composed policies: sim == decode and bad combinations", "[policy][spa
   ModelOptions f64;
   f64.dtype = "float64";
   auto model = Model::load(test::data("models/stories260K-hf"), f64);
-  auto tokens = golden_tokens();
+  auto tokens = test::golden_tokens();
   for (const std::string name : {"h2o+sparse-strided", "h2o+sparse-fixed", "tova+sparse-fixed", "snapkv+sparse-strided"}) {
     for (int prefill : {0, 100}) {
       PolicyOptions o;
@@ -226,7 +217,7 @@ TEST_CASE("composed policies: sim == decode and bad combinations", "[policy][spa
   bad.summary = 4;
   CHECK_THAT(([&] {
                try {
-                 score_sequence(stories(), *make_policy("sparse-fixed", bad), Mode::Sim, golden_tokens());
+                 score_sequence(test::stories(), *make_policy("sparse-fixed", bad), Mode::Sim, test::golden_tokens());
                } catch (const Error& e) {
                  return std::string(e.what());
                }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/data_dir.h"
+#include "harness/model.h"
 
 namespace kvevict::test {
 
@@ -24,6 +25,15 @@ std::string read_text(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+const Model& stories() {
+  static auto model = Model::load(data("models/stories260K-hf"));
+  return *model;
+}
+
+std::vector<int> golden_tokens() {
+  return read_json(data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
 }
 
 std::string temp_dir(const std::string& name) {

@@ -2,6 +2,11 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+namespace kvevict {
+class Model;
+}
 
 namespace kvevict::test {
 
@@ -9,6 +14,10 @@ namespace kvevict::test {
 std::string data(const std::string& relative);
 nlohmann::json read_json(const std::string& path);
 std::string read_text(const std::string& path);
+// The bundled stories260K model, loaded once per test process.
+const Model& stories();
+// The 200 tokens of golden/stories260K_tinystories_T200.json (BOS + the sample text).
+std::vector<int> golden_tokens();
 // A fresh empty temporary directory for one test.
 std::string temp_dir(const std::string& name);
 
