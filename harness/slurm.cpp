@@ -157,26 +157,23 @@ SlurmOptions resolve_options(const SlurmArgs& args, const json& raw_config, cons
     if (!block[key].is_number_integer()) throw Error(config_path + ": key \"slurm." + key + "\" must be an integer");
     return block[key].get<int>();
   };
+  // A count from its flag (-1: not given), else from the config's slurm block; at least 1.
+  auto positive = [&](int flag_value, const std::string& flag, const std::string& key) -> std::optional<int> {
+    if (flag_value != -1) {
+      if (flag_value < 1) throw Error(flag + " " + std::to_string(flag_value) + ": must be at least 1");
+      return flag_value;
+    }
+    auto n = block_int(key);
+    if (n && *n < 1) throw Error(config_path + ": key \"slurm." + key + "\" must be at least 1");
+    return n;
+  };
   SlurmOptions options;
-  if (args.shards != -1) {
-    if (args.shards < 1) throw Error("--shards " + std::to_string(args.shards) + ": must be at least 1");
-    options.shards = args.shards;
-  } else if (auto n = block_int("shards")) {
-    if (*n < 1) throw Error(config_path + ": key \"slurm.shards\" must be at least 1");
-    options.shards = *n;
-  } else {
-    options.shards = static_cast<int>(std::min<size_t>(cell_count, kDefaultMaxShards));
-  }
+  options.shards = positive(args.shards, "--shards", "shards")
+                       .value_or(static_cast<int>(std::min<size_t>(cell_count, kDefaultMaxShards)));
   if (static_cast<size_t>(options.shards) > cell_count)
     throw Error("--shards " + std::to_string(options.shards) + " is more than the sweep's " +
                 std::to_string(cell_count) + " cells");
-  if (args.max_parallel != -1) {
-    if (args.max_parallel < 1) throw Error("--max-parallel " + std::to_string(args.max_parallel) + ": must be at least 1");
-    options.max_parallel = args.max_parallel;
-  } else if (auto k = block_int("max_parallel")) {
-    if (*k < 1) throw Error(config_path + ": key \"slurm.max_parallel\" must be at least 1");
-    options.max_parallel = *k;
-  }
+  if (auto k = positive(args.max_parallel, "--max-parallel", "max_parallel")) options.max_parallel = *k;
   const std::map<std::string, std::string> given = {
       {"partition", args.partition}, {"account", args.account}, {"time", args.time},
       {"cpus_per_task", args.cpus_per_task == -1 ? "" : std::to_string(args.cpus_per_task)},
