@@ -35,9 +35,7 @@ std::pair<int, int> parse_shard(const std::string& text) {
 namespace {
 
 // Identity columns: a cell is finished when results.csv holds rows with its key.
-const std::vector<std::string> kIdentityColumns = {"model", "task", "policy", "budget", "budget_tokens",
-                                                   "heavy_share", "protocol", "mode", "score", "pipeline", "shots",
-                                                   "seed", "limit"};
+const std::vector<std::string> kIdentityColumns = result_columns(ColumnRole::setting);
 
 template <typename T>
 std::vector<T> axis(const nlohmann::json& config, const std::string& path, const std::string& key,
