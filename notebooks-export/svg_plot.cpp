@@ -21,10 +21,13 @@ using Fields = std::map<std::string, std::string>;
 // Settings that may vary inside one figure; when one does, it splits the lines and
 // appears in the legend. heavy_ratio / recent_ratio are left out: they follow from
 // budget x heavy_share and would split a budget sweep into single points.
-const std::vector<std::string> kBudgetSplitColumns = {"model", "protocol", "mode",  "score", "pipeline",
-                                                      "shots", "limit",    "seed",  "heavy_share"};
 const std::vector<std::string> kAblationSplitColumns = {"model", "protocol", "mode", "score", "pipeline",
                                                         "shots", "limit",    "seed"};
+const std::vector<std::string> kBudgetSplitColumns = [] {
+  auto columns = kAblationSplitColumns;  // the ablation's x axis is the heavy share
+  columns.push_back("heavy_share");
+  return columns;
+}();
 
 struct TaskMetricGroup {
   std::string task;
@@ -133,6 +136,9 @@ class SeriesCollector {
 };
 
 }  // namespace
+
+const std::vector<std::string>& budget_split_columns() { return kBudgetSplitColumns; }
+const std::vector<std::string>& ablation_split_columns() { return kAblationSplitColumns; }
 
 std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows) {
   std::vector<PlotSpec> plots;
