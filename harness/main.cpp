@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/analyze.h"
+#include "harness/cli_checks.h"
 #include "harness/commands.h"
 #include "harness/data_dir.h"
 #include "harness/errors.h"
@@ -17,6 +18,13 @@ int main(int argc, char** argv) {
   using namespace kvevict;
   CLI::App app{"kvevict: KV-cache eviction policies on real language models"};
   app.require_subcommand(1);
+  // One line, like every other error (CLI11's default adds a second "Run with --help" line).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    return "kvevict: error: " + msg + " (see --help)\n";
+  });
   app.set_version_flag("--version", kvevict_version());
   std::string data_override;
   app.add_option("--data-dir", data_override, "shared data folder (default: $KVEVICT_DATA or ../shared/data)");
@@ -27,8 +35,8 @@ int main(int argc, char** argv) {
   auto* generate_cmd = app.add_subcommand("generate", "generate text (decode mode, real KV cache)");
   generate_cmd->add_option("--model", gen.model, "Hugging Face model directory (default: the bundled stories260K)");
   generate_cmd->add_option("--prompt", gen.prompt, "prompt text; empty starts from BOS")->capture_default_str();
-  generate_cmd->add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str();
-  generate_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->capture_default_str();
+  generate_cmd->add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->check(cli::at_least(1))->capture_default_str();
+  generate_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->check(cli::finite_range(0, 1e6))->capture_default_str();
   generate_cmd->add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
   generate_cmd->add_flag("--stream", gen.stream, "evict from the first prompt token instead of prefilling the prompt");
   gen.runtime.add_to(*generate_cmd);
@@ -42,9 +50,9 @@ int main(int argc, char** argv) {
   auto* tokens_opt = ppl_cmd->add_option("--tokens-file", ppl.tokens_file, "whitespace-separated token ids, scored as given");
   text_opt->excludes(tokens_opt);
   ppl_cmd->add_option("--max-tokens", ppl.max_tokens, "truncate to this many tokens in total (BOS included)")
-      ->capture_default_str();
+      ->check(cli::at_least(1))->capture_default_str();
   ppl_cmd->add_option("--mode", ppl.mode, "sim or decode")->capture_default_str();
-  ppl_cmd->add_option("--prefill", ppl.prefill, "tokens run with full attention before eviction starts")->capture_default_str();
+  ppl_cmd->add_option("--prefill", ppl.prefill, "tokens run with full attention before eviction starts")->check(cli::at_least(0))->capture_default_str();
   ppl_cmd->add_option("--format", ppl.format, "json or text")->capture_default_str();
   ppl_cmd->add_flag("--per-token", ppl.per_token, "include every token's log-prob in the JSON");
   ppl.runtime.add_to(*ppl_cmd);
@@ -55,9 +63,9 @@ int main(int argc, char** argv) {
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks that print numbers (load, generate, forward, policies)");
   bench_cmd->add_option("--model", bench.model, "Hugging Face model directory (default: the bundled stories260K)");
   bench_cmd->add_option("--config", bench.config, "benchmark config JSON (configs/bench_*.json)");
-  bench_cmd->add_option("--tokens", bench.tokens, "sequence length for forward benchmarks")->capture_default_str();
-  bench_cmd->add_option("--new-tokens", bench.new_tokens, "tokens to generate")->capture_default_str();
-  bench_cmd->add_option("--repeat", bench.repeat, "repetitions; the best time is reported")->capture_default_str();
+  bench_cmd->add_option("--tokens", bench.tokens, "sequence length for forward benchmarks")->check(cli::at_least(1))->capture_default_str();
+  bench_cmd->add_option("--new-tokens", bench.new_tokens, "tokens to generate")->check(cli::at_least(1))->capture_default_str();
+  bench_cmd->add_option("--repeat", bench.repeat, "repetitions; the best time is reported")->check(cli::at_least(1))->capture_default_str();
   bench.runtime.add_to(*bench_cmd);
 
   // make-random-model ----------------------------------------------------------------

@@ -5,8 +5,10 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "harness/atomic_file.h"
+#include "harness/cli_checks.h"
 #include "harness/commands.h"
 #include "harness/data_dir.h"
 #include "harness/errors.h"
@@ -44,6 +46,7 @@ SlurmArgs slurm_args;
 CLI::App* status_cmd;
 std::vector<std::string> merge_dirs;
 std::string merge_out;
+bool merge_wait = false;
 struct TableArgs {
   std::string dir, rows = "task", cols = "policy", metric, out;
   std::vector<std::string> where;
@@ -147,6 +150,16 @@ int run_rouge() {
 
 int run_table() {
   auto rows = read_results_csv(results_csv_of(table_args.dir));
+  if (!table_args.metric.empty()) {
+    std::set<std::string> metrics;
+    for (const auto& row : rows) metrics.insert(row.metric);
+    if (!metrics.count(table_args.metric)) {
+      std::string known;
+      for (const auto& m : metrics) known += (known.empty() ? "" : ", ") + m;
+      throw Error("--metric " + table_args.metric + ": " + results_csv_of(table_args.dir) +
+                  " has no such metric (it has: " + (known.empty() ? "none" : known) + ")");
+    }
+  }
   PivotOptions options;
   options.row_key = table_args.rows;
   options.column_key = table_args.cols;
@@ -182,7 +195,7 @@ void register_task_commands(CLI::App& app) {
   eval_cmd = app.add_subcommand("eval", "score a task under a policy (lm-eval multiple choice, XSum/CNN-DM generation, perplexity)");
   eval_cmd->add_option("--model", a.model, "Hugging Face model directory (default: the bundled stories260K)");
   eval_cmd->add_option("--task", a.task, "copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm or perplexity")->required();
-  eval_cmd->add_option("--shots", a.shots, "few-shot examples")->capture_default_str();
+  eval_cmd->add_option("--shots", a.shots, "few-shot examples")->check(cli::at_least(0))->capture_default_str();
   eval_cmd->add_option("--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)")->capture_default_str();
   eval_cmd->add_option("--limit", a.limit, "evaluate only the first N documents (-1: all)")->capture_default_str();
   eval_cmd->add_option("--mode", a.mode, "sim or decode")->capture_default_str();
@@ -190,8 +203,8 @@ void register_task_commands(CLI::App& app) {
   eval_cmd->add_option("--score", a.score, "sum (lm-eval) or mean (the H2O pipeline)")->capture_default_str();
   eval_cmd->add_flag("--no-bos", a.no_bos, "no BOS token (the default for multiple choice, as the paper)");
   eval_cmd->add_flag("--bos", a.bos, "prepend BOS (the default for generation and perplexity)");
-  eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->capture_default_str();
-  eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->capture_default_str();
+  eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
+  eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
   eval_cmd->add_option("--seed", a.seed, "generation sampling seed")->capture_default_str();
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");
   eval_cmd->add_flag("--helm-truncate", a.helm_truncate, "XSum: cut articles to 512 words as HELM does");
@@ -200,7 +213,7 @@ void register_task_commands(CLI::App& app) {
                        "tokens, mean score, no BOS; XSum from its prompt file)")
       ->capture_default_str();
   eval_cmd->add_flag("--greedy", a.greedy, "generation under --pipeline h2o (XSum, CNN/DM): greedy decoding instead of the prompt file's temperature");
-  eval_cmd->add_option("--format", a.format, "json or csv")->capture_default_str();
+  eval_cmd->add_option("--format", a.format, "json or csv")->check(CLI::IsMember({"json", "csv"}))->capture_default_str();
   eval_cmd->add_option("--predictions", a.predictions, "write per-example predictions as JSONL");
   a.runtime.add_to(*eval_cmd);
   a.policy.add_to(*eval_cmd);
@@ -218,6 +231,7 @@ void register_task_commands(CLI::App& app) {
   merge_cmd = app.add_subcommand("merge", "combine shard output folders into one");
   merge_cmd->add_option("dirs", merge_dirs, "shard folders")->required();
   merge_cmd->add_option("--out", merge_out, "merged folder")->required();
+  merge_cmd->add_flag("--wait", merge_wait, "if another process is writing to --out, wait for it instead of failing");
 
   table_cmd = app.add_subcommand("table", "pivot a results CSV into Markdown and CSV tables");
   table_cmd->add_option("dir", table_args.dir, "sweep output folder")->required();
@@ -238,7 +252,7 @@ int run_task_commands(CLI::App&, const std::string& data_override) {
   if (rouge_cmd->parsed()) return run_rouge();
   if (sweep_cmd->parsed()) return run_sweep_command(sweep_args, slurm_args, data_override);
   if (status_cmd->parsed()) return run_status_command(data_override);
-  if (merge_cmd->parsed()) return run_merge(merge_dirs, merge_out);
+  if (merge_cmd->parsed()) return run_merge(merge_dirs, merge_out, merge_wait);
   if (table_cmd->parsed()) return run_table();
   if (export_cmd->parsed()) return run_export();
   return 0;
