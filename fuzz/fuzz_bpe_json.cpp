@@ -1,7 +1,7 @@
 // tokenizer.json (byte-level BPE), then a round trip through the result.
 #include "fuzz/fuzz_support.h"
-#include "harness/errors.h"
-#include "harness/tokenizer.h"
+#include "harness/common/errors.h"
+#include "harness/tokenizers/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = kvevict::fuzz::scratch_file("tokenizer.json", data, size);

@@ -2,8 +2,8 @@
 #include <algorithm>
 
 #include "fuzz/fuzz_support.h"
-#include "harness/errors.h"
-#include "harness/tokenizer.h"
+#include "harness/common/errors.h"
+#include "harness/tokenizers/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* split = std::find(data, data + size, uint8_t{0});

@@ -1,8 +1,8 @@
 // config.json: every architecture's reader (model_type picks it), with a checkpoint that
 // holds no tensors (OPT asks which prefix its tensors use).
 #include "fuzz/fuzz_support.h"
-#include "harness/architecture.h"
-#include "harness/errors.h"
+#include "harness/model/architecture.h"
+#include "harness/common/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto config = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);

@@ -2,9 +2,9 @@
 // with "PK") or the restricted unpickler (anything else), which must refuse every
 // global outside its allow-list and never run past the data.
 #include "fuzz/fuzz_support.h"
-#include "harness/errors.h"
-#include "harness/restricted_unpickler.h"
-#include "harness/zip_archive.h"
+#include "harness/common/errors.h"
+#include "harness/model/restricted_unpickler.h"
+#include "harness/model/zip_archive.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

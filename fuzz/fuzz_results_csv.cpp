@@ -1,6 +1,6 @@
 // results.csv: the strict reader (no repair: the scratch file is rewritten every run).
 #include "fuzz/fuzz_support.h"
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "notebooks-export/results_csv.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,8 +1,8 @@
 // safetensors: the header of a checkpoint file (first byte 0) or a sharded checkpoint's
 // index JSON (first byte 1).
 #include "fuzz/fuzz_support.h"
-#include "harness/errors.h"
-#include "harness/safetensors_header.h"
+#include "harness/common/errors.h"
+#include "harness/model/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

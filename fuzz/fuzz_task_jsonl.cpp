@@ -1,6 +1,6 @@
 // A task's JSONL file, read as the task loaders read every line and field.
 #include "fuzz/fuzz_support.h"
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "tasks/jsonl.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

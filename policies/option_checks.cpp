@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 namespace {

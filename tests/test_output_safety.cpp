@@ -8,8 +8,8 @@
 #include <set>
 #include <thread>
 
-#include "harness/errors.h"
-#include "harness/folder_lock.h"
+#include "harness/common/errors.h"
+#include "harness/common/folder_lock.h"
 #include "notebooks-export/results_csv.h"
 #include "tests/test_support.h"
 
