@@ -459,33 +459,35 @@ void append_rows_durably(const std::string& path, const std::vector<ResultRow>& 
 }
 
 std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
-  const std::string text = read_whole_file(path);
+  if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a results CSV");
+  const std::string whole = read_whole_file(path);
+  // Appends are whole lines in one write(), so a kill can only leave bytes after the
+  // last newline. Those alone are a torn write; everything before must parse cleanly.
+  const std::size_t last_newline = whole.rfind('\n');
+  const std::size_t keep_until = last_newline == std::string::npos ? 0 : last_newline + 1;
+  const std::string header = result_header();
+  if (keep_until == 0 && !whole.empty() && header.compare(0, whole.size(), whole) != 0)
+    throw Error(path + ":1: expected the results header '" + header + "'");
+  const std::string text = whole.substr(0, keep_until);
   const std::vector<CsvRecord> records = split_records(text);
   std::vector<ResultRow> rows;
-  if (records.empty()) return rows;
-
-  const std::string header = result_header();
-  std::size_t keep_until = text.size();  // bytes that hold whole records
-  const CsvRecord& first = records.front();
-  std::string raw_first = text.substr(first.begin, first.end - first.begin);
-  if (!first.terminated && records.size() == 1 && header.compare(0, raw_first.size(), raw_first) == 0) {
-    keep_until = 0;  // a header torn by a kill during the very first append
-  } else if (!first.problem.empty() || (first.fields != kColumns && first.fields != legacy_columns()) ||
-             !first.terminated) {
-    throw Error(path + ":1: expected the results header '" + header + "'");
+  if (records.empty()) {
+    if (repair && keep_until < whole.size()) truncate_durably(path, keep_until);
+    return rows;
   }
+
+  const CsvRecord& first = records.front();
+  if (!first.problem.empty() || (first.fields != kColumns && first.fields != legacy_columns()) ||
+      !first.terminated)
+    throw Error(path + ":1: expected the results header '" + header + "'");
   const std::vector<std::string> file_columns = first.fields == legacy_columns() ? legacy_columns() : kColumns;
 
   const std::size_t column_count = file_columns.size();
   for (std::size_t i = 1; i < records.size(); ++i) {
     const CsvRecord& record = records[i];
-    const bool malformed = !record.problem.empty() || record.fields.size() != column_count;
-    if (i + 1 == records.size() && (!record.terminated || malformed)) {
-      keep_until = record.begin;  // torn by an interrupted write: ignore it
-      break;
-    }
     const std::string where = path + ":" + std::to_string(record.line) + ": ";
     if (!record.problem.empty()) throw Error(where + record.problem);
+    if (!record.terminated) throw Error(where + "a quoted field runs to the end of the file");
     if (record.fields.size() != column_count)
       throw Error(where + "expected " + std::to_string(column_count) + " fields, found " +
                   std::to_string(record.fields.size()));
@@ -497,7 +499,7 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
       throw Error(where + error.what());
     }
   }
-  if (repair && keep_until < text.size()) truncate_durably(path, keep_until);
+  if (repair && keep_until < whole.size()) truncate_durably(path, keep_until);
   return rows;
 }
 

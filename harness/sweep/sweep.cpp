@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <limits>
+#include <type_traits>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -18,6 +20,8 @@
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/result_rows.h"
+#include "harness/common/folder_lock.h"
+#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -50,8 +54,50 @@ std::vector<T> axis(const nlohmann::json& config, const std::string& path, const
     }
     return {v.get<T>()};
   } catch (const std::exception& e) {
-    throw Error(path + ": key \"" + key + "\" has the wrong type (" + e.what() + ")");
+    throw Error(path + ": key \"" + key + "\" has the wrong type (" + json_error_message(e) + ")");
   }
+}
+
+// "policy_options": a closed set of keys, each of its type; the ranges are the policy's own checks.
+PolicyOptions read_policy_options(const nlohmann::json& config, const std::string& path) {
+  PolicyOptions options;
+  if (!config.contains("policy_options")) return options;
+  const auto& po = config["policy_options"];
+  if (!po.is_object()) throw Error(path + ": \"policy_options\" must be an object");
+  auto read = [&](const std::string& key, auto& field) {
+    using Field = std::decay_t<decltype(field)>;
+    const auto& value = po[key];
+    const bool fits = std::is_same_v<Field, std::string> ? value.is_string() : value.is_number_integer();
+    if (!fits)
+      throw Error(path + ": key \"policy_options." + key + "\" must be " +
+                  (std::is_same_v<Field, std::string> ? "a string" : "an integer") + ", not " + value.dump());
+    if constexpr (std::is_same_v<Field, std::string>) {
+      field = value.template get<std::string>();
+    } else {
+      const int64_t wide = value.template get<int64_t>();
+      if (wide < std::numeric_limits<int>::min() || wide > std::numeric_limits<int>::max())
+        throw Error(path + ": key \"policy_options." + key + "\" is out of range: " + value.dump());
+      field = static_cast<int>(wide);
+    }
+  };
+  for (auto& [key, _] : po.items()) {
+    if (key == "n_sink") read(key, options.n_sink);
+    else if (key == "window") read(key, options.window);
+    else if (key == "kernel") read(key, options.kernel);
+    else if (key == "pooling") read(key, options.pooling);
+    else if (key == "group_reduce") read(key, options.group_reduce);
+    else if (key == "stride") read(key, options.stride);
+    else if (key == "summary") read(key, options.summary);
+    else
+      throw Error(path + ": unknown key \"policy_options." + key +
+                  "\" (known: n_sink, window, kernel, pooling, group_reduce, stride, summary)");
+  }
+  try {
+    check_policy_options(options);
+  } catch (const Error& e) {
+    throw Error(path + ": policy_options: " + e.what());
+  }
+  return options;
 }
 
 }  // namespace
@@ -65,11 +111,48 @@ std::string row_cell_key(const ResultRow& row) {
 
 std::string SweepCell::key() const { return row_cell_key(identity_row(model, eval)); }
 
+namespace {
+std::string cell_label_of(const SweepCell& cell) {
+  auto f = identity_row(cell.model, cell.eval).fields();
+  std::string label = "task=" + f["task"] + " policy=" + f["policy"];
+  for (const char* column : {"budget", "budget_tokens", "heavy_share"})
+    if (!f[column].empty()) label += std::string(" ") + column + "=" + f[column];
+  return label + " shots=" + f["shots"] + " seed=" + f["seed"];
+}
+}  // namespace
+
 std::map<std::string, std::string> cell_identity(const SweepCell& cell) {
   return identity_row(cell.model, cell.eval).fields();
 }
 
+namespace {
+SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir);
+}  // namespace
+
 SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
+  SweepPlan plan;
+  try {
+    plan = expand_sweep_grid(config, path, data_dir);
+  } catch (const nlohmann::json::exception& e) {
+    // A value of the wrong type deep in the config: name the file, not only the JSON library.
+    throw Error(path + ": a key has the wrong type (" + json_error_message(e) + ")");
+  }
+  // A grid listing a value twice (budgets [0.2, 0.2]) would run and write the cell twice.
+  std::set<std::string> seen;
+  std::vector<SweepCell> unique;
+  for (auto& cell : plan.cells) {
+    if (seen.insert(cell.key()).second) {
+      unique.push_back(std::move(cell));
+    } else {
+      plan.skipped.push_back("duplicate cell " + cell_label_of(cell) + ": listed twice in the config, run once");
+    }
+  }
+  plan.cells = std::move(unique);
+  return plan;
+}
+
+namespace {
+SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
   if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
@@ -117,20 +200,12 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   };
   for (double b : budgets)
     if (b <= 0 || b > 1) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
+  for (int t : budget_tokens)
+    if (t <= 0) throw Error(path + ": budget_tokens " + std::to_string(t) + " must be positive");
   for (double s : shares)
     if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
 
-  PolicyOptions base_options;
-  if (config.contains("policy_options")) {
-    const auto& po = config["policy_options"];
-    base_options.n_sink = po.value("n_sink", base_options.n_sink);
-    base_options.window = po.value("window", base_options.window);
-    base_options.kernel = po.value("kernel", base_options.kernel);
-    base_options.pooling = po.value("pooling", base_options.pooling);
-    base_options.group_reduce = po.value("group_reduce", base_options.group_reduce);
-    base_options.stride = po.value("stride", base_options.stride);
-    base_options.summary = po.value("summary", base_options.summary);
-  }
+  PolicyOptions base_options = read_policy_options(config, path);
   struct BudgetChoice {
     double ratio = -1;
     int tokens = -1;
@@ -198,6 +273,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
             }
   return plan;
 }
+}  // namespace
 
 namespace {
 
@@ -261,9 +337,7 @@ std::string resolve_model(const std::string& model, const std::string& data_over
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << j.dump(2) << "\n";
-  fs::rename(tmp, path);
+  write_file_atomically(path, j.dump(2) + "\n");  // checked: a failed write is an error
 }
 
 // Cells whose rows are all in results.csv. A kill can tear the one write() of a cell:
@@ -284,10 +358,10 @@ std::set<std::string> finished_cells(const std::string& csv, const SweepPlan& pl
     finished.insert(key);
   }
   if (kept.size() != rows.size()) {
-    const std::string tmp = csv + ".tmp";
+    const std::string tmp = temporary_path_beside(csv);
     fs::remove(tmp);
     append_rows_durably(tmp, kept);
-    fs::rename(tmp, csv);
+    publish_file(tmp, csv);
   }
   return finished;
 }
@@ -308,8 +382,16 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   model_options.dtype = config.value("dtype", model_options.dtype);
   parse_dtype(model_options.dtype);  // a bad name fails before anything is written
 
+  // The output folder is checked and locked before any cell runs or anything is rewritten.
+  if (fs::exists(args.out) && !fs::is_directory(args.out))
+    throw Error("--out " + args.out + ": is a file, not a folder");
   fs::create_directories(args.out);
+  FolderLock lock(args.out, args.wait);
   const std::string config_path = (fs::path(args.out) / "config.json").string();
+  const std::string csv = (fs::path(args.out) / "results.csv").string();
+  if (fs::exists(csv) && !fs::is_regular_file(csv)) throw Error(csv + ": is not a regular file");
+  if (fs::exists(csv) && !fs::exists(config_path))
+    throw Error(args.out + ": holds results.csv but no config.json, so its sweep is unknown; use another --out");
   nlohmann::json record = {{"config", plan.config}, {"shard", {shard_index, shard_count}}, {"cells", nlohmann::json::array()}};
   for (size_t i = 0; i < plan.cells.size(); ++i)
     if (static_cast<int>(i % shard_count) == shard_index) record["cells"].push_back(plan.cells[i].key());
@@ -320,7 +402,6 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   }
   write_json_file(config_path, record);
 
-  const std::string csv = (fs::path(args.out) / "results.csv").string();
   std::set<std::string> finished = finished_cells(csv, plan);
 
   std::vector<const SweepCell*> todo;
@@ -369,7 +450,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   return 0;
 }
 
-int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
+int run_merge(const std::vector<std::string>& dirs, const std::string& out, bool wait) {
   if (dirs.empty()) throw Error("merge needs at least one folder");
   nlohmann::json config;
   std::set<int> shards_seen;
@@ -395,7 +476,9 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
   }
   if (static_cast<int>(shards_seen.size()) != shard_count)
     std::cerr << "warning: merged " << shards_seen.size() << " of " << shard_count << " shards" << std::endl;
+  if (fs::exists(out) && !fs::is_directory(out)) throw Error("--out " + out + ": is a file, not a folder");
   fs::create_directories(out);
+  FolderLock lock(out, wait);
   const std::string csv = (fs::path(out) / "results.csv").string();
   const std::string out_config = (fs::path(out) / "config.json").string();
   // A folder this same sweep was merged into before is merged again (shards may have grown).
