@@ -18,6 +18,7 @@
 #include "harness/errors.h"
 #include "harness/files.h"
 #include "harness/h2o_adaptor.h"
+#include "harness/policy_options_json.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -50,24 +51,20 @@ const std::vector<std::string> kIdentityColumns = {"model", "task", "policy", "b
                                                    "heavy_share", "protocol", "mode", "score", "pipeline", "shots",
                                                    "seed", "limit"};
 
-// Policies whose budget has no heavy/recent split.
-bool uses_heavy_share(const std::string& policy) {
-  return policy != "full" && policy != "local" && policy != "streamingllm";
-}
-
 ResultRow identity_row(const std::string& model, const EvalConfig& c) {
   ResultRow row;
   row.model = model;
   row.task = c.task;
   row.policy = c.policy;
   const BudgetSpec& b = c.policy_options.budget;
-  if (c.policy != "full") {
+  const auto policy = make_policy(c.policy, c.policy_options);
+  if (!policy->keeps_everything()) {
     if (b.ratio > 0) row.budget = b.ratio;
     if (b.tokens > 0) row.budget_tokens = b.tokens;
     if (b.heavy_share >= 0) row.heavy_share = b.heavy_share;
     if (b.ratio > 0) {
-      double share = b.heavy_share >= 0 ? b.heavy_share : make_policy(c.policy, c.policy_options)->default_heavy_share();
-      if (!uses_heavy_share(c.policy)) share = 0;
+      double share = b.heavy_share >= 0 ? b.heavy_share : policy->default_heavy_share();
+      if (!policy->splits_budget()) share = 0;
       row.heavy_ratio = b.ratio * share;
       row.recent_ratio = b.ratio * (1 - share);
     }
@@ -132,7 +129,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   auto tasks = axis<std::string>(config, path, "tasks", {});
   if (tasks.empty()) throw Error(path + ": \"tasks\" is required");
   for (const auto& t : tasks) make_task(t);  // unknown task fails here, naming the known ones
-  auto policies = axis<std::string>(config, path, "policies", {"full"});
+  auto policies = axis<std::string>(config, path, "policies", {reference_policy_name()});
   auto budgets = axis<double>(config, path, "budgets", {});
   auto budget_tokens = axis<int>(config, path, "budget_tokens", {});
   auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
@@ -167,16 +164,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
     if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
 
   PolicyOptions base_options;
-  if (config.contains("policy_options")) {
-    const auto& po = config["policy_options"];
-    base_options.n_sink = po.value("n_sink", base_options.n_sink);
-    base_options.window = po.value("window", base_options.window);
-    base_options.kernel = po.value("kernel", base_options.kernel);
-    base_options.pooling = po.value("pooling", base_options.pooling);
-    base_options.group_reduce = po.value("group_reduce", base_options.group_reduce);
-    base_options.stride = po.value("stride", base_options.stride);
-    base_options.summary = po.value("summary", base_options.summary);
-  }
+  if (config.contains("policy_options")) base_options.params = read_policy_options(config["policy_options"], path);
   struct BudgetChoice {
     double ratio = -1;
     int tokens = -1;
@@ -192,22 +180,22 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
         for (int shot : shots)
           for (int seed : seeds)
             for (const auto& policy : policies) {
-              make_policy(policy, base_options);  // unknown policy fails here
+              const auto made = make_policy(policy, base_options);  // unknown policy fails here
               std::vector<std::pair<BudgetChoice, double>> variants;
-              if (policy == "full") {
+              if (made->keeps_everything()) {
                 variants.push_back({{}, -1});
               } else {
                 if (budget_choices.empty())
                   throw Error(path + ": policy " + policy + " needs \"budgets\" or \"budget_tokens\"");
                 for (const auto& b : budget_choices) {
-                  if (uses_heavy_share(policy))
+                  if (made->splits_budget())
                     for (double s : shares) variants.push_back({b, s});
                   else
                     variants.push_back({b, -1});
                 }
               }
               // A sim-only policy cannot generate: no generation-task cell for it.
-              if (!make_policy(policy, base_options)->realisable() &&
+              if (!made->realisable() &&
                   make_task(task)->kind() == TaskKind::Generation) {
                 plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");
                 continue;
@@ -225,7 +213,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
                 e.task_options.pipeline = pipeline;
                 e.policy = policy;
                 e.policy_options = base_options;
-                e.policy_options.seed = static_cast<uint64_t>(seed);
+                set_run_seed(e.policy_options.params, made->parameters(), seed);
                 e.policy_options.budget.ratio = b.ratio;
                 e.policy_options.budget.tokens = b.tokens;
                 e.policy_options.budget.heavy_share = share;
@@ -414,7 +402,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
                            "|" + std::to_string(cell->eval.task_options.seed) + "|" + score_mode_name(cell->eval.score) +
                            "|" + protocol_name(cell->eval.protocol) + "|" + pipeline_name(cell->eval.task_options.pipeline);
     EvalResult result = evaluate(*model, cell->eval, [&](int d, int t) { progress.examples(d, t); }, &full_runs[full_key]);
-    if (cell->eval.policy == "full" && !full_runs[full_key]) full_runs[full_key] = result;
+    if (is_reference_policy(cell->eval.policy) && !full_runs[full_key]) full_runs[full_key] = result;
     progress.end_cell();
     if (predictions)
       write_predictions(result, cell->eval,

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "harness/errors.h"
+#include "policies/registry.h"
 
 namespace kvevict {
 
@@ -114,7 +115,7 @@ class SeriesCollector {
       kept.emplace_back(raw.policy, std::move(series));
     }
     std::stable_partition(kept.begin(), kept.end(),
-                          [](const auto& entry) { return entry.first == "full"; });
+                          [](const auto& entry) { return is_reference_policy(entry.first); });
     std::vector<PlotSeries> result;
     for (auto& entry : kept) result.push_back(std::move(entry.second));
     return result;
