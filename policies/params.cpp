@@ -18,9 +18,13 @@ std::string flag_for(const char* key) {
   return flag;
 }
 
-// Shortest text that reads back as the same double.
+// Shortest text that reads back as the same double ("20", not "2e+01").
 std::string shortest(double x) {
   char text[32];
+  if (x == std::floor(x) && std::fabs(x) < 1e15) {
+    std::snprintf(text, sizeof text, "%.0f", x);
+    return text;
+  }
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(text, sizeof text, "%.*g", precision, x);
     if (std::strtod(text, nullptr) == x) break;
