@@ -7,7 +7,7 @@
 #include <set>
 #include <unistd.h>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

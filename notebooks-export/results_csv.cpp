@@ -15,7 +15,7 @@
 #include <limits>
 #include <sstream>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

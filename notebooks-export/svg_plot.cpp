@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/registry.h"
 
 namespace kvevict {

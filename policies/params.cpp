@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "notebooks-export/notebook.h"
 #include "notebooks-export/results_csv.h"
 #include "notebooks-export/results_table.h"

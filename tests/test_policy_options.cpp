@@ -1,7 +1,7 @@
 // Policy parameters reach the sweep and the CLI through their one declaration: the
 // sweep's "policy_options" keys, the per-cell seed, and the flags, with ranges checked.
-#include "harness/errors.h"
-#include "harness/sweep.h"
+#include "harness/common/errors.h"
+#include "harness/sweep/sweep.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.

@@ -1,10 +1,10 @@
 // The paths a policy takes through the harness, on the real stories260K model: the full
 // cache against a forward with no policy at all, eviction during generate() against sim
 // mode, the XSum eval path, and prefill-compress through eval.
-#include "harness/errors.h"
-#include "harness/evaluator.h"
-#include "harness/model.h"
-#include "harness/scorer.h"
+#include "harness/common/errors.h"
+#include "harness/eval/evaluator.h"
+#include "harness/model/model.h"
+#include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tasks/rouge.h"
 #include "tests/test_support.h"

@@ -9,7 +9,7 @@
 #include <functional>
 #include <set>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/registry.h"
 
 using namespace kvevict;

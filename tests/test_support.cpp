@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/data_dir.h"
-#include "harness/model.h"
+#include "harness/common/data_dir.h"
+#include "harness/model/model.h"
 
 namespace kvevict::test {
 

@@ -1,0 +1,253 @@
+// Benchmarks that print numbers. `kvevict bench` times model load, greedy generation
+// and a full-sequence forward; with --config it times the eviction hook itself:
+// sim-mode forwards under each policy and decode steps at a budget, each as a ratio
+// to full attention in the same run (absolute numbers vary between machines).
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "harness/runtime/attention.h"
+#include "harness/cli/commands.h"
+#include "harness/common/data_dir.h"
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
+#include "harness/runtime/scorer.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best of `repeat` runs of fn, in seconds.
+template <typename Fn>
+double best_time(int repeat, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(3, vocab - 1);
+  std::vector<int> ids(n);
+  for (auto& id : ids) id = pick(rng);
+  return ids;
+}
+
+struct StepTime {
+  double total = 1e30;      // seconds per decode step
+  double attention = 1e30;  // of which inside attention (scores, softmax, values, eviction)
+};
+
+// Per decode step after a prefill of `prefill` tokens (compressed to the policy's
+// budget), averaged over `steps` steps; the best of `repeat` runs.
+StepTime decode_step_time(const Model& model, const Policy& policy, const std::vector<int>& tokens,
+                          int prefill, int steps, int repeat) {
+  StepTime best;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    CacheAttention cache(model, policy, shape_for(model, prefill, prefill));
+    model.forward(std::vector<int>(tokens.begin(), tokens.begin() + prefill), 0, cache);
+    const double attention_before = cache.attention_seconds();
+    auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);
+    best.total = std::min(best.total, seconds_since(t0) / steps);
+    best.attention = std::min(best.attention, (cache.attention_seconds() - attention_before) / steps);
+  }
+  return best;
+}
+
+int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
+  const std::string model_dir = config.value("model", args.model);
+  auto t0 = Clock::now();
+  auto model = Model::load(model_dir, args.runtime.options);
+  const double load = seconds_since(t0);
+  const int T = config.value("tokens", 1024);
+  const int steps = config.value("decode_steps", 32);
+  const int repeat = config.value("repeat", args.repeat);
+  const double budget = config.value("budget", 0.2);
+  if (!config.contains("sim_policies") || !config.contains("decode_policy"))
+    throw Error(args.config + ": a policy benchmark needs \"sim_policies\" and \"decode_policy\"");
+  const auto policies = config["sim_policies"].get<std::vector<std::string>>();
+  const std::string decode_policy = config["decode_policy"].get<std::string>();
+  auto tokens = random_tokens(T + steps, static_cast<int>(model->arch().vocab), 1);
+  std::vector<int> seq(tokens.begin(), tokens.begin() + T);
+
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "model " << model_dir << " (" << model->arch().model_type << ", " << model->arch().n_layers
+            << " layers, hidden " << model->arch().hidden << ", " << model->arch().n_heads << " heads)\n";
+  std::cout << "load_seconds " << load << "\n";
+  PolicyOptions none;
+  auto full = make_policy(reference_policy_name(), none);
+  const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
+  std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim << "\n";
+  for (const auto& name : policies) {
+    PolicyOptions o;
+    o.budget.ratio = budget;  // the paper's split policies read it as heavy = recent = budget / 2
+    auto policy = make_policy(name, o);
+    const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s
+              << " ratio_to_full " << s / full_sim << "\n";
+  }
+  PolicyOptions o;
+  o.budget.ratio = budget;
+  auto evicting = make_policy(decode_policy, o);
+  // Decode steps are timed after a prefill of decode_tokens (default: tokens).
+  const int decode_T = config.value("decode_tokens", T);
+  auto decode_tokens = random_tokens(decode_T + steps, static_cast<int>(model->arch().vocab), 2);
+  const StepTime full_step = decode_step_time(*model, *full, decode_tokens, decode_T, steps, repeat);
+  const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
+  std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " attention_ms "
+            << full_step.attention * 1e3 << "\n";
+  std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_step.total * 1e3
+            << " ratio_to_full " << evict_step.total / full_step.total << " attention_ms "
+            << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention
+            << "\n";
+  return 0;
+}
+
+// Encode speed of several tokenizers on the same texts, in one run: the first pass with
+// an empty word cache ("cold") and the best later pass ("warm").
+int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const std::string& data_dir) {
+  const std::string file = data_path(config.at("jsonl").get<std::string>(), data_dir);
+  const std::string field = config.value("field", std::string("text"));
+  const size_t limit = config.value("limit", size_t{1000});
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot open");
+  for (std::string line; texts.size() < limit && std::getline(in, line);) {
+    if (line.empty()) continue;
+    texts.push_back(nlohmann::json::parse(line).at(field).get<std::string>());
+    bytes += texts.back().size();
+  }
+  std::cout << std::fixed << std::setprecision(3) << "texts " << texts.size() << " bytes " << bytes << " from "
+            << file << "\n";
+  for (const auto& [name, dir] : config.at("tokenizers").items()) {
+    auto tokenizer = load_tokenizer_for_model(data_path(dir.get<std::string>(), data_dir));
+    if (!tokenizer) throw Error(dir.get<std::string>() + ": no tokenizer files");
+    size_t ids = 0;
+    const auto encode_all = [&] {
+      ids = 0;
+      for (const auto& text : texts) ids += tokenizer->encode(text).size();
+    };
+    const double cold = best_time(1, encode_all);
+    const double warm = best_time(args.repeat, encode_all);
+    std::cout << "tokenizer " << name << " ids " << ids << " cold_seconds " << cold << " cold_MB_per_s "
+              << bytes / cold / 1e6 << " cold_texts_per_s " << texts.size() / cold << " warm_MB_per_s "
+              << bytes / warm / 1e6 << " warm_texts_per_s " << texts.size() / warm << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& args, const std::string& data_dir) {
+  if (!args.config.empty()) {
+    const nlohmann::json config = read_json_file(args.config);
+    if (config.contains("tokenizers")) return bench_tokenizers(args, config, data_dir);
+    return bench_policies(args, config);
+  }
+  auto t0 = Clock::now();
+  auto model = Model::load(args.model, args.runtime.options);
+  const double load = seconds_since(t0);
+  PolicyOptions none;
+  auto full = make_policy(reference_policy_name(), none);
+  const int vocab = static_cast<int>(model->arch().vocab);
+  std::vector<int> prompt = {model->arch().bos_token_id >= 0 ? model->arch().bos_token_id : 0};
+  GenerateOptions gen;
+  gen.max_new_tokens = args.new_tokens;
+  int generated = 0;
+  const double gen_s = best_time(args.repeat, [&] {
+    generated = static_cast<int>(generate(*model, *full, prompt, gen).tokens.size());
+  });
+  const int T = std::min<int>(args.tokens, static_cast<int>(model->arch().max_positions));
+  auto seq = random_tokens(T, vocab, 7);
+  const double fwd_s = best_time(args.repeat, [&] {
+    FullAttention attention;
+    model->forward(seq, 0, attention);
+  });
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "model " << args.model << "\n";
+  std::cout << "load_seconds " << load << "\n";
+  std::cout << "generate_tokens " << generated << " seconds " << gen_s << " tokens_per_s " << generated / gen_s << "\n";
+  std::cout << "forward_tokens " << T << " seconds " << fwd_s << " tokens_per_s " << T / fwd_s << "\n";
+  return 0;
+}
+
+// A random-weight LLaMA (or Qwen3: q/k norm, explicit head_dim) checkpoint in Hugging
+// Face layout (config.json + model.safetensors, F32), for speed and memory measurements only.
+int run_make_random_model(const RandomModelArgs& a) {
+  namespace fs = std::filesystem;
+  if ((a.head_dim == 0 && a.hidden % a.heads != 0) || a.heads % a.kv_heads != 0)
+    throw Error("make-random-model: hidden must divide by heads (or pass --head-dim), heads by kv-heads");
+  const bool qwen3 = a.arch == "qwen3";
+  fs::create_directories(a.out);
+  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
+  const int64_t q = a.heads * hd, kv = a.kv_heads * hd, I = a.intermediate;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {a.vocab, D}}};
+  for (int i = 0; i < a.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    tensors.push_back({p + "input_layernorm.weight", {D}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {q, D}});
+    tensors.push_back({p + "self_attn.k_proj.weight", {kv, D}});
+    tensors.push_back({p + "self_attn.v_proj.weight", {kv, D}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {D, q}});
+    if (qwen3) {
+      tensors.push_back({p + "self_attn.q_norm.weight", {hd}});
+      tensors.push_back({p + "self_attn.k_norm.weight", {hd}});
+    }
+    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
+    tensors.push_back({p + "mlp.gate_proj.weight", {I, D}});
+    tensors.push_back({p + "mlp.up_proj.weight", {I, D}});
+    tensors.push_back({p + "mlp.down_proj.weight", {D, I}});
+  }
+  tensors.push_back({"model.norm.weight", {D}});
+  tensors.push_back({"lm_head.weight", {a.vocab, D}});
+
+  nlohmann::json header;
+  size_t offset = 0;
+  for (auto& [name, shape] : tensors) {
+    size_t n = 1;
+    for (auto d : shape) n *= d;
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + n * 4}}};
+    offset += n * 4;
+  }
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8) text += ' ';  // keep tensor data 8-byte aligned
+  std::ofstream out(fs::path(a.out) / "model.safetensors", std::ios::binary);
+  uint64_t len = text.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out.write(text.data(), text.size());
+  torch::manual_seed(a.seed);
+  for (auto& [name, shape] : tensors) {
+    bool is_norm = name.find("norm") != std::string::npos;
+    auto t = is_norm ? torch::ones(shape) : torch::randn(shape) * 0.02;
+    t = t.contiguous();
+    out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
+  }
+  nlohmann::json config = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                           {"model_type", a.arch}, {"head_dim", hd},
+                           {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
+                           {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
+                           {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
+                           {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+                           {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
+                           {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
+  std::ofstream(fs::path(a.out) / "config.json") << config.dump(2) << "\n";
+  std::cout << "wrote " << a.out << " (" << offset / (1 << 20) << " MiB of F32 weights)\n";
+  return 0;
+}
+
+}  // namespace kvevict

@@ -1,0 +1,39 @@
+// kvevict: the command-line front door. Each command file adds its subcommands; the one
+// parsed runs, and an error becomes one line on stderr and exit 1.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "harness/cli/command.h"
+#include "harness/common/version.h"
+
+int main(int argc, char** argv) {
+  using namespace kvevict;
+  CLI::App app{"kvevict: KV-cache eviction policies on real language models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", kvevict_version());
+  std::string data_override;
+  app.add_option("--data-dir", data_override, "shared data folder (default: $KVEVICT_DATA or ../shared/data)");
+
+  Commands commands;
+  add_model_commands(app, commands);
+  add_task_commands(app, commands);
+  add_sweep_commands(app, commands);
+  add_analyze_command(app, commands);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& command : commands)
+      if (command->parsed()) return command->run(data_override);
+    return 0;
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    std::cerr << "kvevict: error: " << msg << std::endl;
+    return 1;
+  }
+}
