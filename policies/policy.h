@@ -80,6 +80,8 @@ class LayerState {
   }
 };
 
+void check_policy_options(const PolicyOptions& options);  // policies/option_checks.h
+
 class RealisablePolicy;
 class SimOnlyPolicy;
 
@@ -88,7 +90,7 @@ class SimOnlyPolicy;
 // (a whole layer's masked attention from its logits); the two subclasses below.
 class Policy {
  public:
-  explicit Policy(PolicyOptions options) : options_(std::move(options)) {}
+  explicit Policy(PolicyOptions options) : options_(std::move(options)) { check_policy_options(options_); }
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
   // The parameters this policy reads (params.h); the CLI and sweeps offer their union.

@@ -45,6 +45,8 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
+std::string kvevict_binary() { return KVEVICT_BINARY; }
+
 CommandResult run_kvevict(const std::string& args) {
   static int counter = 0;
   auto dir = std::filesystem::temp_directory_path() /

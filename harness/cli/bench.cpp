@@ -3,6 +3,7 @@
 // sim-mode forwards under each policy and decode steps at a budget, each as a ratio
 // to full attention in the same run (absolute numbers vary between machines).
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -10,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "harness/model/architecture.h"
+#include "harness/common/atomic_file.h"
 #include "harness/runtime/attention.h"
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
@@ -190,8 +193,26 @@ int run_bench(const BenchArgs& args, const std::string& data_dir) {
 // Face layout (config.json + model.safetensors, F32), for speed and memory measurements only.
 int run_make_random_model(const RandomModelArgs& a) {
   namespace fs = std::filesystem;
+  // Every size is checked before anything is computed, allocated or written.
+  auto in_range = [](const char* flag, int64_t value, int64_t min, int64_t max) {
+    if (value < min || value > max)
+      throw Error(std::string("make-random-model: ") + flag + " " + std::to_string(value) + " is outside [" +
+                  std::to_string(min) + ", " + std::to_string(max) + "]");
+  };
+  in_range("--layers", a.layers, 1, kMaxLayers);
+  in_range("--hidden", a.hidden, 1, kMaxHidden);
+  in_range("--heads", a.heads, 1, kMaxHeads);
+  in_range("--kv-heads", a.kv_heads, 1, kMaxHeads);
+  in_range("--intermediate", a.intermediate, 1, kMaxIntermediate);
+  in_range("--vocab", a.vocab, 1, kMaxVocab);
+  in_range("--max-positions", a.max_positions, 1, kMaxPositions);
+  in_range("--head-dim", a.head_dim, 0, kMaxHidden);
   if ((a.head_dim == 0 && a.hidden % a.heads != 0) || a.heads % a.kv_heads != 0)
     throw Error("make-random-model: hidden must divide by heads (or pass --head-dim), heads by kv-heads");
+  if ((a.head_dim > 0 ? a.head_dim : a.hidden / a.heads) % 2 != 0)
+    throw Error("make-random-model: the head width (--hidden / --heads or --head-dim) must be even for RoPE");
+  if (fs::exists(a.out) && !fs::is_directory(a.out))
+    throw Error("make-random-model: --out " + a.out + " is a file, not a folder");
   const bool qwen3 = a.arch == "qwen3";
   fs::create_directories(a.out);
   const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
@@ -226,7 +247,11 @@ int run_make_random_model(const RandomModelArgs& a) {
   }
   std::string text = header.dump();
   while ((8 + text.size()) % 8) text += ' ';  // keep tensor data 8-byte aligned
-  std::ofstream out(fs::path(a.out) / "model.safetensors", std::ios::binary);
+  // Written beside and renamed over, so a failure leaves no partial model.safetensors.
+  const std::string weights_path = (fs::path(a.out) / "model.safetensors").string();
+  const std::string temporary = temporary_path_beside(weights_path);
+  std::ofstream out(temporary, std::ios::binary);
+  if (!out) throw Error(weights_path + ": cannot create " + temporary);
   uint64_t len = text.size();
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(text.data(), text.size());
@@ -237,6 +262,12 @@ int run_make_random_model(const RandomModelArgs& a) {
     t = t.contiguous();
     out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
   }
+  out.close();
+  if (!out) {
+    std::remove(temporary.c_str());
+    throw Error(weights_path + ": cannot write the weights (disk full?)");
+  }
+  publish_file(temporary, weights_path);
   nlohmann::json config = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
                            {"model_type", a.arch}, {"head_dim", hd},
                            {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
@@ -245,7 +276,7 @@ int run_make_random_model(const RandomModelArgs& a) {
                            {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
                            {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
                            {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
-  std::ofstream(fs::path(a.out) / "config.json") << config.dump(2) << "\n";
+  write_file_atomically((fs::path(a.out) / "config.json").string(), config.dump(2) + "\n");
   std::cout << "wrote " << a.out << " (" << offset / (1 << 20) << " MiB of F32 weights)\n";
   return 0;
 }

@@ -10,6 +10,13 @@ int main(int argc, char** argv) {
   using namespace kvevict;
   CLI::App app{"kvevict: KV-cache eviction policies on real language models"};
   app.require_subcommand(1);
+  // One line, like every other error (CLI11's default adds a second "Run with --help" line).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    return "kvevict: error: " + msg + " (see --help)\n";
+  });
   app.set_version_flag("--version", kvevict_version());
   std::string data_override;
   app.add_option("--data-dir", data_override, "shared data folder (default: $KVEVICT_DATA or ../shared/data)");

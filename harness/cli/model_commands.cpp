@@ -1,5 +1,6 @@
 // generate, perplexity, bench and make-random-model: their flags (bodies in commands.cpp
 // and bench.cpp).
+#include "harness/cli/cli_checks.h"
 #include "harness/cli/command.h"
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
@@ -15,8 +16,8 @@ void resolve_default_model(std::string& model, const std::string& data_override)
 void add_generate_flags(CLI::App& cmd, GenerateArgs& gen) {
   cmd.add_option("--model", gen.model, "Hugging Face model directory (default: the bundled stories260K)");
   cmd.add_option("--prompt", gen.prompt, "prompt text; empty starts from BOS")->capture_default_str();
-  cmd.add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->capture_default_str();
-  cmd.add_option("--temperature", gen.temperature, "0 is greedy")->capture_default_str();
+  cmd.add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--temperature", gen.temperature, "0 is greedy")->check(cli::finite_range(0, 1e6))->capture_default_str();
   cmd.add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
   cmd.add_flag("--stream", gen.stream, "evict from the first prompt token instead of prefilling the prompt");
   gen.runtime.add_to(cmd);
@@ -29,9 +30,9 @@ void add_perplexity_flags(CLI::App& cmd, PerplexityArgs& ppl) {
   auto* tokens_opt = cmd.add_option("--tokens-file", ppl.tokens_file, "whitespace-separated token ids, scored as given");
   text_opt->excludes(tokens_opt);
   cmd.add_option("--max-tokens", ppl.max_tokens, "truncate to this many tokens in total (BOS included)")
-      ->capture_default_str();
+      ->check(cli::at_least(1))->capture_default_str();
   cmd.add_option("--mode", ppl.mode, "sim or decode")->capture_default_str();
-  cmd.add_option("--prefill", ppl.prefill, "tokens run with full attention before eviction starts")->capture_default_str();
+  cmd.add_option("--prefill", ppl.prefill, "tokens run with full attention before eviction starts")->check(cli::at_least(0))->capture_default_str();
   cmd.add_option("--format", ppl.format, "json or text")->capture_default_str();
   cmd.add_flag("--per-token", ppl.per_token, "include every token's log-prob in the JSON");
   ppl.runtime.add_to(cmd);
@@ -41,9 +42,9 @@ void add_perplexity_flags(CLI::App& cmd, PerplexityArgs& ppl) {
 void add_bench_flags(CLI::App& cmd, BenchArgs& bench) {
   cmd.add_option("--model", bench.model, "Hugging Face model directory (default: the bundled stories260K)");
   cmd.add_option("--config", bench.config, "benchmark config JSON (configs/bench_*.json)");
-  cmd.add_option("--tokens", bench.tokens, "sequence length for forward benchmarks")->capture_default_str();
-  cmd.add_option("--new-tokens", bench.new_tokens, "tokens to generate")->capture_default_str();
-  cmd.add_option("--repeat", bench.repeat, "repetitions; the best time is reported")->capture_default_str();
+  cmd.add_option("--tokens", bench.tokens, "sequence length for forward benchmarks")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--new-tokens", bench.new_tokens, "tokens to generate")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--repeat", bench.repeat, "repetitions; the best time is reported")->check(cli::at_least(1))->capture_default_str();
   bench.runtime.add_to(cmd);
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "harness/common/errors.h"
+#include "harness/cli/cli_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -38,8 +39,9 @@ struct PolicyFlags {
   PolicyOptions options;
   void add_to(CLI::App& app) {
     app.add_option("--policy", policy, "eviction policy: " + policy_help())->capture_default_str();
-    app.add_option("--budget", options.budget.ratio, "cache budget as a ratio of the sequence length, in (0, 1]");
-    app.add_option("--budget-tokens", options.budget.tokens, "cache budget as an absolute token count");
+    app.add_option("--budget", options.budget.ratio, "cache budget as a ratio of the sequence length, in (0, 1]")
+        ->check(cli::finite_range(0, 1, true));
+    app.add_option("--budget-tokens", options.budget.tokens, "cache budget as an absolute token count")->check(cli::at_least(1));
     app.add_option("--heavy-share", options.budget.heavy_share,
                    "share of the budget given to heavy hitters (default: the policy's)");
     app.add_option("--heavy-ratio", options.budget.heavy_ratio, "the paper's heavy-hitter ratio of the length");

@@ -18,6 +18,7 @@ void add_sweep_flags(CLI::App& app, SweepCommandArgs& both) {
   app.add_option("--shard", args.shard, "run shard i of N (\"i/N\", 0 <= i < N)");
   app.add_option("--model", args.model, "replace the config's models with this one");
   app.add_option("--limit", args.limit, "replace the config's per-task document limit (-1: all)");
+  app.add_flag("--wait", args.wait, "if another process is writing to --out, wait for it instead of failing");
   SlurmArgs& a = both.slurm;
   app.add_flag("--slurm", a.slurm, "submit the sweep as a Slurm job array plus a merge job, then exit");
   app.add_option("--shards", a.shards, "--slurm: array tasks (default: the folder's split, else the config's slurm.shards, else min(cells, 10))");
@@ -36,11 +37,13 @@ void add_sweep_flags(CLI::App& app, SweepCommandArgs& both) {
 struct MergeArgs {
   std::vector<std::string> dirs;
   std::string out;
+  bool wait = false;
 };
 
 void add_merge_flags(CLI::App& cmd, MergeArgs& args) {
   cmd.add_option("dirs", args.dirs, "shard folders")->required();
   cmd.add_option("--out", args.out, "merged folder")->required();
+  cmd.add_flag("--wait", args.wait, "if another process is writing to --out, wait for it instead of failing");
 }
 
 void add_status_flags(CLI::App& cmd, StatusArgs& args) {
@@ -60,7 +63,7 @@ void add_sweep_commands(CLI::App& app, Commands& commands) {
       "a Slurm sweep folder: cells done per shard, Slurm states, failed shards and how to resubmit them",
       add_status_flags, [](StatusArgs& a, const Invocation& at) { return run_status(a, at.data_override); });
   add_command<MergeArgs>(commands, app, "merge", "combine shard output folders into one", add_merge_flags,
-                         [](MergeArgs& a, const Invocation&) { return run_merge(a.dirs, a.out); });
+                         [](MergeArgs& a, const Invocation&) { return run_merge(a.dirs, a.out, a.wait); });
 }
 
 }  // namespace kvevict

@@ -4,8 +4,10 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "harness/common/atomic_file.h"
+#include "harness/cli/cli_checks.h"
 #include "harness/cli/command.h"
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
@@ -140,6 +142,16 @@ int run_rouge(RougeArgs& rouge_args, const Invocation&) {
 
 int run_table(TableArgs& table_args, const Invocation&) {
   auto rows = read_results_csv(results_csv_of(table_args.dir));
+  if (!table_args.metric.empty()) {
+    std::set<std::string> metrics;
+    for (const auto& row : rows) metrics.insert(row.metric);
+    if (!metrics.count(table_args.metric)) {
+      std::string known;
+      for (const auto& m : metrics) known += (known.empty() ? "" : ", ") + m;
+      throw Error("--metric " + table_args.metric + ": " + results_csv_of(table_args.dir) +
+                  " has no such metric (it has: " + (known.empty() ? "none" : known) + ")");
+    }
+  }
   PivotOptions options;
   options.row_key = table_args.rows;
   options.column_key = table_args.cols;
@@ -172,7 +184,7 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
   CLI::App* eval_cmd = &cmd;
   eval_cmd->add_option("--model", a.model, "Hugging Face model directory (default: the bundled stories260K)");
   eval_cmd->add_option("--task", a.task, "copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm or perplexity")->required();
-  eval_cmd->add_option("--shots", a.shots, "few-shot examples")->capture_default_str();
+  eval_cmd->add_option("--shots", a.shots, "few-shot examples")->check(cli::at_least(0))->capture_default_str();
   eval_cmd->add_option("--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)")->capture_default_str();
   eval_cmd->add_option("--limit", a.limit, "evaluate only the first N documents (-1: all)")->capture_default_str();
   eval_cmd->add_option("--mode", a.mode, "sim or decode")->capture_default_str();
@@ -180,8 +192,8 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
   eval_cmd->add_option("--score", a.score, "sum (lm-eval) or mean (the H2O pipeline)")->capture_default_str();
   eval_cmd->add_flag("--no-bos", a.no_bos, "no BOS token (the default for multiple choice, as the paper)");
   eval_cmd->add_flag("--bos", a.bos, "prepend BOS (the default for generation and perplexity)");
-  eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->capture_default_str();
-  eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->capture_default_str();
+  eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
+  eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
   eval_cmd->add_option("--seed", a.seed, "generation sampling seed")->capture_default_str();
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");
   eval_cmd->add_flag("--helm-truncate", a.helm_truncate, "XSum: cut articles to 512 words as HELM does");
@@ -190,7 +202,7 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
                        "tokens, mean score, no BOS; XSum from its prompt file)")
       ->capture_default_str();
   eval_cmd->add_flag("--greedy", a.greedy, "generation under --pipeline h2o (XSum, CNN/DM): greedy decoding instead of the prompt file's temperature");
-  eval_cmd->add_option("--format", a.format, "json or csv")->capture_default_str();
+  eval_cmd->add_option("--format", a.format, "json or csv")->check(CLI::IsMember({"json", "csv"}))->capture_default_str();
   eval_cmd->add_option("--predictions", a.predictions, "write per-example predictions as JSONL");
   a.runtime.add_to(*eval_cmd);
   a.policy.add_to(*eval_cmd);

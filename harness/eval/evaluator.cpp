@@ -201,6 +201,8 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
                     std::optional<EvalResult>* full_cache) {
   // Requests never exceed the model's context, as lm-eval's max_length.
   EvalConfig config = requested;
+  if (config.max_length < 2)
+    throw Error("max length " + std::to_string(config.max_length) + " must be at least 2 tokens");
   config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
   const int limit = config.task_options.limit;
   if (limit == 0 || limit < -1)

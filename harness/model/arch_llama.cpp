@@ -7,7 +7,6 @@
 
 #include "harness/model/architecture.h"
 #include "harness/common/errors.h"
-#include "harness/model/rope.h"
 
 namespace kvevict {
 namespace {
@@ -50,7 +49,7 @@ bool is_set(const nlohmann::json& c, const char* key) {
 }  // namespace
 
 ArchSpec describe_llama(const nlohmann::json& c, const std::string& path, const HasTensor&) {
-  const std::string type = c.value("model_type", std::string("llama"));
+  const std::string type = config_string_or(c, path, "model_type", "llama");
   const LlamaVariant* variant = nullptr;
   for (const auto& v : variants())
     if (type == v.model_type) variant = &v;
@@ -62,52 +61,52 @@ ArchSpec describe_llama(const nlohmann::json& c, const std::string& path, const 
 
   ArchSpec a;
   a.model_type = type;
-  a.hidden = config_int(c, path, "hidden_size");
-  a.n_layers = config_int(c, path, "num_hidden_layers");
-  a.n_heads = config_int(c, path, "num_attention_heads");
-  a.n_kv_heads = config_int_or(c, "num_key_value_heads", a.n_heads);
-  if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
+  a.hidden = config_int(c, path, "hidden_size", 1, kMaxHidden);
+  a.n_layers = config_int(c, path, "num_hidden_layers", 1, kMaxLayers);
+  a.n_heads = config_int(c, path, "num_attention_heads", 1, kMaxHeads);
+  a.n_kv_heads = config_int_or(c, path, "num_key_value_heads", a.n_heads, 1, kMaxHeads);
+  if (a.n_heads % a.n_kv_heads != 0)
     throw Error(path + ": num_attention_heads must be a multiple of num_key_value_heads");
-  a.head_dim = config_int_or(c, "head_dim", a.hidden / a.n_heads);  // Qwen3, Mistral-Nemo: explicit
-  a.intermediate = config_int(c, path, "intermediate_size");
-  a.vocab = config_int(c, path, "vocab_size");
-  a.max_positions = config_int_or(c, "max_position_embeddings", 2048);
+  if (!c.contains("head_dim") && a.hidden < a.n_heads)
+    throw Error(path + ": hidden_size " + std::to_string(a.hidden) + " is smaller than num_attention_heads " +
+                std::to_string(a.n_heads));
+  a.head_dim = config_int_or(c, path, "head_dim", a.hidden / a.n_heads, 1, kMaxHidden);  // Qwen3, Mistral-Nemo: explicit
+  a.intermediate = config_int(c, path, "intermediate_size", 1, kMaxIntermediate);
+  a.vocab = config_int(c, path, "vocab_size", 1, kMaxVocab);
+  a.max_positions = config_int_or(c, path, "max_position_embeddings", 2048, 1, kMaxPositions);
   a.norm = NormKind::RMSNorm;
-  a.norm_eps = config_double_or(c, "rms_norm_eps", 1e-6);
+  a.norm_eps = config_double_or(c, path, "rms_norm_eps", 1e-6, 0, 1);
   a.mlp = MlpKind::SwiGLU;
   a.activation = Activation::SiLU;
-  const std::string act = c.value("hidden_act", std::string("silu"));
+  const std::string act = config_string_or(c, path, "hidden_act", "silu");
   if (act != "silu" && act != "swish") refuse("hidden_act \"" + act + "\"", "(only silu)");
   a.residual = ResidualKind::PreNormSequential;
   a.positions = PositionKind::Rotary;
   a.qkv = variant->fused ? QkvLayout::FusedRows : QkvLayout::Separate;
 
-  const double partial = c.contains("partial_rotary_factor") && c["partial_rotary_factor"].is_number()
-                             ? c["partial_rotary_factor"].get<double>()
-                             : 1.0;
+  const double partial = config_double_or(c, path, "partial_rotary_factor", 1.0, 0, 1);
   if (partial != 1.0 && !variant->partial_rotary)
     refuse("partial_rotary_factor " + std::to_string(partial), "(only 1)");
   a.rotary_dim = static_cast<int64_t>(a.head_dim * partial);
   if (a.rotary_dim <= 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)
     throw Error(path + ": partial_rotary_factor gives " + std::to_string(a.rotary_dim) +
                 " rotary dims of head_dim " + std::to_string(a.head_dim));
-  a.rope_theta = config_double_or(c, "rope_theta", 10000.0);
+  a.rope_theta = config_double_or(c, path, "rope_theta", 10000.0, 1, 1e12);
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object())
-    a.rope_theta = config_double_or(c["rope_parameters"], "rope_theta", a.rope_theta);
+    a.rope_theta = config_double_or(c["rope_parameters"], path, "rope_theta", a.rope_theta, 1, 1e12);
   a.rope_scaling = read_rope_scaling(c, path, variant->rope_types);
 
   switch (variant->window) {
     case WindowRule::None: break;
     case WindowRule::Always:
       if (c.contains("sliding_window") && !c["sliding_window"].is_null()) {
-        a.sliding_window = config_int(c, path, "sliding_window");
-        if (a.sliding_window <= 0) throw Error(path + ": sliding_window must be positive or null");
+        a.sliding_window = config_int(c, path, "sliding_window", 1, kMaxPositions);
       }
       break;
     case WindowRule::QwenLayerFlag:
       // Which layers slide depends on max_window_layers (and has changed between
       // transformers versions); the released Qwen2.5/Qwen3 checkpoints keep it off.
-      if (config_bool_or(c, "use_sliding_window", false))
+      if (config_bool_or(c, path, "use_sliding_window", false))
         refuse("use_sliding_window true", "(per-layer windows from max_window_layers)");
       break;
   }
@@ -116,15 +115,15 @@ ArchSpec describe_llama(const nlohmann::json& c, const std::string& path, const 
       if (layer_type != "full_attention")
         refuse("layer_types entry " + layer_type.dump(), "(only full_attention)");
 
-  const bool attention_bias = config_bool_or(c, "attention_bias", false);
+  const bool attention_bias = config_bool_or(c, path, "attention_bias", false);
   if (attention_bias && !variant->reads_attention_bias) refuse("attention_bias true", "");
-  if (config_bool_or(c, "mlp_bias", false)) refuse("mlp_bias true", "");
+  if (config_bool_or(c, path, "mlp_bias", false)) refuse("mlp_bias true", "");
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping", "logit_scale"})
     if (is_set(c, key)) refuse(key, "");
 
-  a.tied_head = config_bool_or(c, "tie_word_embeddings", false);
-  a.bos_token_id = static_cast<int>(config_int_or(c, "bos_token_id", 1));
-  a.eos_token_id = static_cast<int>(config_int_or(c, "eos_token_id", 2));
+  a.tied_head = config_bool_or(c, path, "tie_word_embeddings", false);
+  a.bos_token_id = config_token_id_or(c, path, "bos_token_id", 1, a.vocab);
+  a.eos_token_id = config_token_id_or(c, path, "eos_token_id", 2, a.vocab);
   a.prepend_bos = variant->prepend_bos;
   const bool qkv_bias = attention_bias || variant->fixed_qkv_bias, o_bias = attention_bias;
   const int64_t D = a.hidden, q = a.n_heads * a.head_dim, kv = a.n_kv_heads * a.head_dim;

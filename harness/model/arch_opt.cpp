@@ -17,29 +17,30 @@ static Activation parse_activation(const std::string& name, const std::string& p
 ArchSpec describe_opt(const nlohmann::json& c, const std::string& path, const HasTensor& has) {
   ArchSpec a;
   a.model_type = "opt";
-  a.hidden = config_int(c, path, "hidden_size");
-  a.n_layers = config_int(c, path, "num_hidden_layers");
-  a.n_heads = config_int(c, path, "num_attention_heads");
+  a.hidden = config_int(c, path, "hidden_size", 1, kMaxHidden);
+  a.n_layers = config_int(c, path, "num_hidden_layers", 1, kMaxLayers);
+  a.n_heads = config_int(c, path, "num_attention_heads", 1, kMaxHeads);
+  check_head_split(path, a.hidden, a.n_heads);
   a.n_kv_heads = a.n_heads;
   a.head_dim = a.hidden / a.n_heads;
-  a.intermediate = config_int(c, path, "ffn_dim");
-  a.vocab = config_int(c, path, "vocab_size");
-  a.max_positions = config_int(c, path, "max_position_embeddings");
+  a.intermediate = config_int(c, path, "ffn_dim", 1, kMaxIntermediate);
+  a.vocab = config_int(c, path, "vocab_size", 1, kMaxVocab);
+  a.max_positions = config_int(c, path, "max_position_embeddings", 1, kMaxPositions);
   a.norm = NormKind::LayerNorm;
   a.norm_eps = 1e-5;  // nn.LayerNorm's default; OPT's config has no eps key
   a.mlp = MlpKind::FeedForward;
-  a.activation = parse_activation(c.value("activation_function", std::string("relu")), path);
-  const bool pre_ln = config_bool_or(c, "do_layer_norm_before", true);
+  a.activation = parse_activation(config_string_or(c, path, "activation_function", "relu"), path);
+  const bool pre_ln = config_bool_or(c, path, "do_layer_norm_before", true);
   a.residual = pre_ln ? ResidualKind::PreNormSequential : ResidualKind::PostNorm;
   a.positions = PositionKind::Learned;
   a.position_offset = 2;
-  a.has_final_norm = pre_ln && !config_bool_or(c, "_remove_final_layer_norm", false);
+  a.has_final_norm = pre_ln && !config_bool_or(c, path, "_remove_final_layer_norm", false);
   a.tied_head = true;
-  a.bos_token_id = static_cast<int>(config_int_or(c, "bos_token_id", 2));
-  a.eos_token_id = static_cast<int>(config_int_or(c, "eos_token_id", 2));
-  const bool bias = config_bool_or(c, "enable_bias", true);
+  a.bos_token_id = config_token_id_or(c, path, "bos_token_id", 2, a.vocab);
+  a.eos_token_id = config_token_id_or(c, path, "eos_token_id", 2, a.vocab);
+  const bool bias = config_bool_or(c, path, "enable_bias", true);
   const int64_t D = a.hidden, F = a.intermediate;
-  const int64_t P = config_int_or(c, "word_embed_proj_dim", D);
+  const int64_t P = config_int_or(c, path, "word_embed_proj_dim", D, 1, kMaxHidden);
 
   // Hub checkpoints saved from OPTModel name tensors decoder.* without "model.".
   std::string root = has("decoder.embed_tokens.weight") && !has("model.decoder.embed_tokens.weight")

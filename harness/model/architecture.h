@@ -86,10 +86,34 @@ ArchSpec describe_opt(const nlohmann::json& config, const std::string& config_pa
 ArchSpec describe_gpt_neox(const nlohmann::json& config, const std::string& config_path,
                            const HasTensor& has_tensor);
 
-// Reading config.json keys with errors that name the file and key.
+// Reading config.json keys with errors that name the file and key. A key that is absent
+// or null takes the fallback; a present key of the wrong type or outside [min, max] (NaN
+// and infinities included) is an error, never a silent default. Ranges are checked
+// here, before any arithmetic or allocation depends on the value.
 int64_t config_int(const nlohmann::json& config, const std::string& path, const std::string& key);
-int64_t config_int_or(const nlohmann::json& config, const std::string& key, int64_t fallback);
-double config_double_or(const nlohmann::json& config, const std::string& key, double fallback);
-bool config_bool_or(const nlohmann::json& config, const std::string& key, bool fallback);
+int64_t config_int(const nlohmann::json& config, const std::string& path, const std::string& key,
+                   int64_t min, int64_t max);
+int64_t config_int_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                      int64_t fallback, int64_t min, int64_t max);
+double config_double_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                        double fallback, double min, double max);
+bool config_bool_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                    bool fallback);
+std::string config_string_or(const nlohmann::json& config, const std::string& path,
+                             const std::string& key, const std::string& fallback);
+// bos_token_id / eos_token_id: an id in [0, vocab), or a list whose first entry is one.
+int config_token_id_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                       int fallback, int64_t vocab);
+// config.json's "rope_scaling" (or "rope_parameters"); defined in rope_scaling.cpp, see rope.h.
+RopeScaling read_rope_scaling(const nlohmann::json& config, const std::string& path,
+                              const std::vector<std::string>& allowed);
+
+// Architectures whose head width is hidden / heads (OPT, GPT-NeoX) need an exact split.
+void check_head_split(const std::string& path, int64_t hidden, int64_t heads);
+
+// Upper bounds for config.json sizes: far above any released model, low enough that
+// the tensor list and every shape product stay small and inside int64.
+constexpr int64_t kMaxLayers = 1024, kMaxHeads = 4096, kMaxHidden = 1 << 18;
+constexpr int64_t kMaxIntermediate = 1 << 20, kMaxVocab = 1 << 22, kMaxPositions = 1 << 24;
 
 }  // namespace kvevict

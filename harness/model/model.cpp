@@ -93,6 +93,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass).
   if (arch.positions == PositionKind::Rotary) model->inv_freq_ = rope_inv_freq(arch, arch.max_positions);
   model->tokenizer_ = load_tokenizer_for_model(dir);
+  // A tokenizer with more pieces than the embedding has rows would emit ids the model cannot look up.
+  if (model->tokenizer_ && model->tokenizer_->vocab_size() > arch.vocab)
+    throw Error(dir + ": the tokenizer has " + std::to_string(model->tokenizer_->vocab_size()) +
+                " tokens but config.json vocab_size is " + std::to_string(arch.vocab));
   model->load_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return model;

@@ -14,6 +14,7 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/model/pytorch_checkpoint.h"
+#include "harness/model/safetensors_header.h"
 
 namespace kvevict {
 namespace {
@@ -36,19 +37,16 @@ bool lookup_dtype(const std::string& name, DtypeInfo* out) {
   return true;
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw Error(path + ": cannot open safetensors file: " + std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + ": not a regular file");
+  }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ < 8) {
     ::close(fd);
@@ -59,50 +57,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   ::close(fd);
   if (mapping_ == MAP_FAILED) throw Error(path + ": mmap failed: " + std::strerror(errno));
   const auto* bytes = static_cast<const uint8_t*>(mapping_);
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, bytes, 8);  // little-endian u64, as the format specifies
-  if (header_len > size_ - 8)
-    throw Error(path + ": truncated safetensors file: header length " +
-                std::to_string(header_len) + " runs past the file size " + std::to_string(size_));
-  nlohmann::json header;
+  SafetensorsHeader header;
   try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const std::exception& e) {
-    throw Error(path + ": malformed safetensors header JSON: " + e.what());
+    header = parse_safetensors_header(bytes, size_, path);
+  } catch (...) {
+    ::munmap(mapping_, size_);  // the destructor does not run for a throwing constructor
+    mapping_ = nullptr;
+    throw;
   }
-  if (!header.is_object()) throw Error(path + ": safetensors header is not a JSON object");
-  data_ = bytes + 8 + header_len;
-  size_t data_size = size_ - 8 - header_len;
-  for (auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    TensorInfo info;
-    info.name = name;
-    info.file = path;
-    try {
-      info.dtype = entry.at("dtype").get<std::string>();
-      info.shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<size_t>>();
-      if (offsets.size() != 2) throw std::runtime_error("data_offsets needs two numbers");
-      info.begin = offsets[0];
-      info.end = offsets[1];
-    } catch (const std::exception& e) {
-      throw Error(path + ": tensor " + name + ": malformed header entry: " + e.what());
-    }
-    DtypeInfo dt{};
-    if (!lookup_dtype(info.dtype, &dt))
-      throw Error(path + ": tensor " + name + ": unsupported dtype " + info.dtype);
-    if (info.end < info.begin || info.end > data_size)
-      throw Error(path + ": tensor " + name + ": data offsets [" + std::to_string(info.begin) +
-                  "," + std::to_string(info.end) + ") run past the end of the data (" +
-                  std::to_string(data_size) + " bytes); the file is truncated or corrupt");
-    size_t numel = 1;
-    for (auto d : info.shape) numel *= static_cast<size_t>(d);
-    if (numel * dt.bytes != info.end - info.begin)
-      throw Error(path + ": tensor " + name + ": shape " + shape_string(info.shape) + " of " +
-                  info.dtype + " needs " + std::to_string(numel * dt.bytes) + " bytes but offsets span " +
-                  std::to_string(info.end - info.begin));
-    tensors_[name] = info;
-  }
+  data_ = bytes + header.data_offset;
+  tensors_ = std::move(header.tensors);
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -124,18 +88,13 @@ namespace {
 // each shard holds.
 std::map<std::string, std::set<std::string>> read_shard_index(const std::filesystem::path& dir,
                                                               const std::filesystem::path& index) {
-  const nlohmann::json j = read_json_file(index.string());
-  if (!j.contains("weight_map") || !j["weight_map"].is_object())
-    throw Error(index.string() + ": missing object \"weight_map\"");
   std::map<std::string, std::set<std::string>> shards;
-  for (auto& [tensor, shard] : j["weight_map"].items()) {
-    if (!shard.is_string()) throw Error(index.string() + ": weight_map entry " + tensor + " is not a file name");
-    shards[(dir / shard.get<std::string>()).string()].insert(tensor);
+  for (auto& [file, tensors] : parse_shard_index(read_json_file(index.string()), index.string())) {
+    const std::filesystem::path shard = dir / file;
+    if (!std::filesystem::is_regular_file(shard))
+      throw Error(index.string() + ": shard " + file + " listed in weight_map does not exist");
+    shards[shard.string()] = tensors;
   }
-  for (auto& [file, _] : shards)
-    if (!std::filesystem::exists(file))
-      throw Error(index.string() + ": shard " + std::filesystem::path(file).filename().string() +
-                  " listed in weight_map does not exist");
   return shards;
 }
 

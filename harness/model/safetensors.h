@@ -10,18 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace kvevict {
+#include "harness/model/safetensors_header.h"  // TensorInfo
 
-struct TensorInfo {
-  std::string name;
-  std::string dtype;  // "F32", "F16", "BF16", "U8", ...
-  std::vector<int64_t> shape;
-  size_t begin = 0, end = 0;  // byte offsets in the data section (safetensors) or the file (pickles)
-  std::string file;
-  // Element strides when the tensor is not row-major (a PyTorch checkpoint may store
-  // views); empty means contiguous.
-  std::vector<int64_t> strides;
-};
+namespace kvevict {
 
 // One checkpoint file whose tensors are read-only views of its mapping.
 class WeightFile {

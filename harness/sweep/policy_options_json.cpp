@@ -19,9 +19,12 @@ PolicyParams read_policy_options(const nlohmann::json& options, const std::strin
     }
     if (spec->takes_run_seed())
       throw Error(path + ": policy_options: \"" + key + "\" is set per cell from \"seeds\"");
-    if (!value.is_string() && !value.is_number())
-      throw Error(path + ": policy_options." + key + " must be a number or a string");
-    params.set(*spec, value.is_string() ? value.get<std::string>() : value.dump(), path + ": policy_options." + key);
+    const bool choice = spec->kind() == ParamSpec::Kind::Choice;
+    if (choice ? !value.is_string() : !value.is_number())
+      throw Error(path + ": key \"policy_options." + key + "\" must be " + (choice ? "a string" : "a number") +
+                  ", not " + value.dump());
+    params.set(*spec, choice ? value.get<std::string>() : value.dump(),
+               path + ": policy_options." + key + " (" + spec->cli_flag() + ")");
   }
   return params;
 }

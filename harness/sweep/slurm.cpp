@@ -276,13 +276,12 @@ void check_folder_holds_this_sweep(const SweepFolder& folder, const json& config
 // The columns that vary across the cells (policy aside) label the table's rows, so
 // every (row, policy) has exactly one value per metric.
 std::string table_row_key(const SweepPlan& plan) {
-  static const std::set<std::string> not_keys = {"policy", "heavy_ratio", "recent_ratio", "version"};
   std::map<std::string, std::set<std::string>> values;
   for (const auto& cell : plan.cells)
     for (const auto& [column, value] : cell_identity(cell)) values[column].insert(value);
   std::string key = "task";
-  for (const auto& column : result_columns())
-    if (column != "task" && !not_keys.count(column) && values[column].size() > 1) key += "," + column;
+  for (const auto& column : result_columns(ColumnRole::setting))
+    if (column != "task" && column != "policy" && values[column].size() > 1) key += "," + column;
   return key + ",metric";
 }
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <limits>
+#include <type_traits>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -19,6 +21,7 @@
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/result_rows.h"
 #include "harness/sweep/policy_options_json.h"
+#include "harness/common/folder_lock.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -36,9 +39,7 @@ std::pair<int, int> parse_shard(const std::string& text) {
 namespace {
 
 // Identity columns: a cell is finished when results.csv holds rows with its key.
-const std::vector<std::string> kIdentityColumns = {"model", "task", "policy", "budget", "budget_tokens",
-                                                   "heavy_share", "protocol", "mode", "score", "pipeline", "shots",
-                                                   "seed", "limit"};
+const std::vector<std::string> kIdentityColumns = result_columns(ColumnRole::setting);
 
 template <typename T>
 std::vector<T> axis(const nlohmann::json& config, const std::string& path, const std::string& key,
@@ -53,7 +54,7 @@ std::vector<T> axis(const nlohmann::json& config, const std::string& path, const
     }
     return {v.get<T>()};
   } catch (const std::exception& e) {
-    throw Error(path + ": key \"" + key + "\" has the wrong type (" + e.what() + ")");
+    throw Error(path + ": key \"" + key + "\" has the wrong type (" + json_error_message(e) + ")");
   }
 }
 
@@ -68,11 +69,48 @@ std::string row_cell_key(const ResultRow& row) {
 
 std::string SweepCell::key() const { return row_cell_key(identity_row(model, eval)); }
 
+namespace {
+std::string cell_label_of(const SweepCell& cell) {
+  auto f = identity_row(cell.model, cell.eval).fields();
+  std::string label = "task=" + f["task"] + " policy=" + f["policy"];
+  for (const char* column : {"budget", "budget_tokens", "heavy_share"})
+    if (!f[column].empty()) label += std::string(" ") + column + "=" + f[column];
+  return label + " shots=" + f["shots"] + " seed=" + f["seed"];
+}
+}  // namespace
+
 std::map<std::string, std::string> cell_identity(const SweepCell& cell) {
   return identity_row(cell.model, cell.eval).fields();
 }
 
+namespace {
+SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir);
+}  // namespace
+
 SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
+  SweepPlan plan;
+  try {
+    plan = expand_sweep_grid(config, path, data_dir);
+  } catch (const nlohmann::json::exception& e) {
+    // A value of the wrong type deep in the config: name the file, not only the JSON library.
+    throw Error(path + ": a key has the wrong type (" + json_error_message(e) + ")");
+  }
+  // A grid listing a value twice (budgets [0.2, 0.2]) would run and write the cell twice.
+  std::set<std::string> seen;
+  std::vector<SweepCell> unique;
+  for (auto& cell : plan.cells) {
+    if (seen.insert(cell.key()).second) {
+      unique.push_back(std::move(cell));
+    } else {
+      plan.skipped.push_back("duplicate cell " + cell_label_of(cell) + ": listed twice in the config, run once");
+    }
+  }
+  plan.cells = std::move(unique);
+  return plan;
+}
+
+namespace {
+SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
   if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
   static const std::set<std::string> known = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
@@ -120,6 +158,8 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
   };
   for (double b : budgets)
     if (b <= 0 || b > 1) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
+  for (int t : budget_tokens)
+    if (t <= 0) throw Error(path + ": budget_tokens " + std::to_string(t) + " must be positive");
   for (double s : shares)
     if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
 
@@ -192,6 +232,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
             }
   return plan;
 }
+}  // namespace
 
 namespace {
 
@@ -255,9 +296,7 @@ std::string resolve_model(const std::string& model, const std::string& data_over
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << j.dump(2) << "\n";
-  fs::rename(tmp, path);
+  write_file_atomically(path, j.dump(2) + "\n");  // checked: a failed write is an error
 }
 
 // Cells whose rows are all in results.csv. A kill can tear the one write() of a cell:
@@ -278,10 +317,10 @@ std::set<std::string> finished_cells(const std::string& csv, const SweepPlan& pl
     finished.insert(key);
   }
   if (kept.size() != rows.size()) {
-    const std::string tmp = csv + ".tmp";
+    const std::string tmp = temporary_path_beside(csv);
     fs::remove(tmp);
     append_rows_durably(tmp, kept);
-    fs::rename(tmp, csv);
+    publish_file(tmp, csv);
   }
   return finished;
 }
@@ -302,8 +341,16 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   model_options.dtype = config.value("dtype", model_options.dtype);
   parse_dtype(model_options.dtype);  // a bad name fails before anything is written
 
+  // The output folder is checked and locked before any cell runs or anything is rewritten.
+  if (fs::exists(args.out) && !fs::is_directory(args.out))
+    throw Error("--out " + args.out + ": is a file, not a folder");
   fs::create_directories(args.out);
+  FolderLock lock(args.out, args.wait);
   const std::string config_path = (fs::path(args.out) / "config.json").string();
+  const std::string csv = (fs::path(args.out) / "results.csv").string();
+  if (fs::exists(csv) && !fs::is_regular_file(csv)) throw Error(csv + ": is not a regular file");
+  if (fs::exists(csv) && !fs::exists(config_path))
+    throw Error(args.out + ": holds results.csv but no config.json, so its sweep is unknown; use another --out");
   nlohmann::json record = {{"config", plan.config}, {"shard", {shard_index, shard_count}}, {"cells", nlohmann::json::array()}};
   for (size_t i = 0; i < plan.cells.size(); ++i)
     if (static_cast<int>(i % shard_count) == shard_index) record["cells"].push_back(plan.cells[i].key());
@@ -314,7 +361,6 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   }
   write_json_file(config_path, record);
 
-  const std::string csv = (fs::path(args.out) / "results.csv").string();
   std::set<std::string> finished = finished_cells(csv, plan);
 
   std::vector<const SweepCell*> todo;
@@ -363,7 +409,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
   return 0;
 }
 
-int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
+int run_merge(const std::vector<std::string>& dirs, const std::string& out, bool wait) {
   if (dirs.empty()) throw Error("merge needs at least one folder");
   nlohmann::json config;
   std::set<int> shards_seen;
@@ -389,7 +435,9 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out) {
   }
   if (static_cast<int>(shards_seen.size()) != shard_count)
     std::cerr << "warning: merged " << shards_seen.size() << " of " << shard_count << " shards" << std::endl;
+  if (fs::exists(out) && !fs::is_directory(out)) throw Error("--out " + out + ": is a file, not a folder");
   fs::create_directories(out);
+  FolderLock lock(out, wait);
   const std::string csv = (fs::path(out) / "results.csv").string();
   const std::string out_config = (fs::path(out) / "config.json").string();
   // A folder this same sweep was merged into before is merged again (shards may have grown).

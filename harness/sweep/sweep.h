@@ -17,6 +17,7 @@ namespace kvevict {
 struct SweepArgs {
   std::string config, out, shard, model;
   int limit = -2;  // -2: as the config says
+  bool wait = false;  // wait for another process's lock on --out instead of failing
 };
 
 // One cell of the grid.
@@ -45,7 +46,7 @@ std::string row_cell_key(const ResultRow& row);
 std::map<std::string, std::string> cell_identity(const SweepCell& cell);
 
 int run_sweep(const SweepArgs& args, const std::string& data_override);
-int run_merge(const std::vector<std::string>& dirs, const std::string& out);
+int run_merge(const std::vector<std::string>& dirs, const std::string& out, bool wait = false);
 
 
 }  // namespace kvevict
