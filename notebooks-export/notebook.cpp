@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness/common/errors.h"
+#include "policies/registry.h"
 #include "notebook_template.h"  // generated from notebook_template.py: kNotebookTemplate
 #include "notebooks-export/svg_plot.h"
 
@@ -89,7 +90,8 @@ std::map<std::string, std::string> code_cells() {
   const std::map<std::string, std::string> literals = {
       {"{{TEXT_COLUMNS}}", python_list(text_result_columns())},
       {"{{BUDGET_SPLIT}}", python_list(budget_split_columns())},
-      {"{{ABLATION_SPLIT}}", python_list(ablation_split_columns())}};
+      {"{{ABLATION_SPLIT}}", python_list(ablation_split_columns())},
+      {"{{REFERENCE_POLICY}}", dump_json(reference_policy_name())}};
   const std::string marker = "# %% ";
   std::map<std::string, std::string> cells;
   std::string* cell = nullptr;  // the text before the first marker is the file's own comment

@@ -40,6 +40,7 @@ df.groupby(["task", "metric", "policy"], sort=False).size().rename("rows").to_fr
 # heavy_ratio / recent_ratio follow from budget x heavy_share, so they never split lines.
 BUDGET_SPLIT = {{BUDGET_SPLIT}}
 ABLATION_SPLIT = {{ABLATION_SPLIT}}
+REFERENCE_POLICY = {{REFERENCE_POLICY}}  # drawn first
 
 
 def text(value):
@@ -76,7 +77,7 @@ def finish(series, minimum_distinct_x):
         if len(points) == 0 or len(points) < minimum_distinct_x:
             continue
         lines.append(dict(entry, points=points))
-    lines.sort(key=lambda line: line["policy"] != "full")  # stable: keeps first appearance
+    lines.sort(key=lambda line: line["policy"] != REFERENCE_POLICY)  # stable: keeps first appearance
     return lines
 
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "harness/common/errors.h"
+#include "policies/registry.h"
 
 namespace kvevict {
 
@@ -133,7 +134,7 @@ std::vector<std::vector<std::string>> order_labels(
   if (policy != key.end()) {
     std::size_t index = static_cast<std::size_t>(policy - key.begin());
     std::stable_partition(labels.begin(), labels.end(),
-                          [&](const auto& label) { return label[index] == "full"; });
+                          [&](const auto& label) { return is_reference_policy(label[index]); });
   }
   return labels;
 }

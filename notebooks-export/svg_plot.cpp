@@ -12,6 +12,7 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/text.h"
+#include "policies/registry.h"
 
 namespace kvevict {
 
@@ -118,7 +119,7 @@ class SeriesCollector {
       kept.emplace_back(raw.policy, std::move(series));
     }
     std::stable_partition(kept.begin(), kept.end(),
-                          [](const auto& entry) { return entry.first == "full"; });
+                          [](const auto& entry) { return is_reference_policy(entry.first); });
     std::vector<PlotSeries> result;
     for (auto& entry : kept) result.push_back(std::move(entry.second));
     return result;

@@ -7,6 +7,7 @@ class FullPolicy : public ScoredPolicy {
  public:
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "full"; }
+  std::vector<const ParamSpec*> parameters() const override { return {}; }
   bool keeps_everything() const override { return true; }
   void score(const HeadSlots&, float* out) const override {}
 };

@@ -6,22 +6,16 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/common/errors.h"
 #include "policies/policy.h"
 
 namespace kvevict {
 namespace {
 
-class H2OGlobalPolicy : public Policy {
+class H2OGlobalPolicy : public SimOnlyPolicy {
  public:
-  using Policy::Policy;
+  using SimOnlyPolicy::SimOnlyPolicy;
   std::string name() const override { return "h2o-global"; }
-  bool realisable() const override { return false; }
-  bool causal() const override { return false; }
-  std::unique_ptr<LayerState> make_layer_state(int, const SequenceShape&) const override {
-    throw Error("policy h2o-global scores keys by attention from future queries (non-causal): "
-                "it runs in --mode sim only");
-  }
+  std::string needs() const override { return "attention from future queries (it is non-causal)"; }
 
   // heavy = int(h*L), recent = int(r*L), as the paper sizes its masks.
   Budget layer_budget(int, const SequenceShape& shape) const override { return paper_split_budget(shape); }

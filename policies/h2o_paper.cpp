@@ -10,21 +10,16 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/common/errors.h"
 #include "policies/policy.h"
 
 namespace kvevict {
 namespace {
 
-class H2OPaperPolicy : public Policy {
+class H2OPaperPolicy : public SimOnlyPolicy {
  public:
-  using Policy::Policy;
+  using SimOnlyPolicy::SimOnlyPolicy;
   std::string name() const override { return "h2o-paper"; }
-  bool realisable() const override { return false; }
-  std::unique_ptr<LayerState> make_layer_state(int, const SequenceShape&) const override {
-    throw Error("policy h2o-paper accumulates the unmasked softmax, which a real cache does not "
-                "have: it runs in --mode sim only");
-  }
+  std::string needs() const override { return "the unmasked softmax"; }
 
   // heavy = int(h*L), recent = int(r*L), as the paper sizes its masks.
   Budget layer_budget(int, const SequenceShape& shape) const override { return paper_split_budget(shape); }

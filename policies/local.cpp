@@ -8,6 +8,7 @@ class LocalPolicy : public ScoredPolicy {
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "local"; }
   double default_heavy_share() const override { return 0.0; }
+  bool splits_budget() const override { return false; }
   Budget layer_budget(int layer, const SequenceShape& shape) const override {
     Budget b = Policy::layer_budget(layer, shape);
     b.recent = b.capacity;  // a heavy share means nothing here

@@ -1,6 +1,7 @@
-// Range checks for the policy parameters every policy receives (PolicyOptions). They
-// run when a policy is constructed, so the CLI flags, a sweep config's policy_options
-// and the library all get the same one-line error naming the flag, before any work.
+// Range checks for the budget every policy receives (PolicyOptions::budget). They run
+// when a policy is constructed, so the CLI flags, a sweep config and the library all get
+// the same one-line error naming the flag, before any work. The policies' own
+// parameters are checked by their declarations (policies/params.h).
 #pragma once
 #include "policies/policy.h"
 

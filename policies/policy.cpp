@@ -12,6 +12,9 @@
 
 namespace kvevict {
 
+const ParamSpec kGroupReduce = ParamSpec::choice(
+    "group_reduce", {"mean", "max"}, "GQA aggregation over a KV head's query heads");
+
 int Policy::total_budget(const SequenceShape& shape) const {
   const BudgetSpec& b = options_.budget;
   if (b.heavy_ratio >= 0 || b.recent_ratio >= 0) {
@@ -120,10 +123,6 @@ void row_softmax(const float* row, int i, const char* keep, float* out) {
   for (int j = 0; j <= i; ++j) out[j] /= sum;
 }
 
-void Policy::simulate_layer(int, const SequenceShape&, int, const float*, float*) const {
-  throw Error("policy " + name() + " has no sim-only implementation");
-}
-
 // ---------------------------------------------------------------------------------
 namespace {
 
@@ -131,7 +130,8 @@ class ScoredLayerState : public LayerState {
  public:
   ScoredLayerState(const ScoredPolicy& policy, int layer, const SequenceShape& shape)
       : policy_(policy), shape_(shape), budget_(policy.layer_budget(layer, shape)),
-        channels_(policy.channels()), heads_(shape.n_kv_heads) {
+        channels_(policy.channels()), use_max_(policy.options().params.text(kGroupReduce) == "max"),
+        heads_(shape.n_kv_heads) {
     for (int h = 0; h < shape.n_kv_heads; ++h) {
       heads_[h].layer = layer;
       heads_[h].kv_head = h;
@@ -150,7 +150,7 @@ class ScoredLayerState : public LayerState {
   void observe(const float* probs) override {
     const int n = size(), group = shape_.group();
     aggregated_.assign(n, 0.0f);
-    const bool use_max = policy_.options().group_reduce == "max";
+    const bool use_max = use_max_;
     for (auto& head : heads_) {
       std::fill(aggregated_.begin(), aggregated_.end(), 0.0f);
       for (int j = 0; j < group; ++j) {
@@ -240,6 +240,7 @@ class ScoredLayerState : public LayerState {
   SequenceShape shape_;
   Budget budget_;
   int channels_;
+  bool use_max_;
   std::vector<HeadSlots> heads_;
   std::vector<float> aggregated_, scores_;
   std::vector<int> kept_, candidates_;

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "policies/params.h"
+
 namespace kvevict {
 
 // How big the cache may be. Exactly one of ratio / tokens / (heavy_ratio, recent_ratio)
@@ -29,16 +31,11 @@ struct BudgetSpec {
 
 struct PolicyOptions {
   BudgetSpec budget;
-  int n_sink = 4;                   // streamingllm: attention-sink tokens always kept
-  int window = 32;                  // snapkv/pyramidkv/scissorhands: observation window (queries)
-  int kernel = 5;                   // snapkv/pyramidkv: pooling kernel along keys
-  std::string pooling = "avg";      // "avg" or "max"
-  double pyramid_beta = 20;         // pyramidkv: smallest layer budget = base / beta
-  uint64_t seed = 0;                // random
-  std::string group_reduce = "mean";  // GQA: how a KV head aggregates its query heads
-  int stride = -1;                  // sparse-strided: stride l / sparse-fixed: block l (-1: from the budget)
-  int summary = 1;                  // sparse-fixed: summary positions c at the end of each block
+  PolicyParams params;  // each policy's own parameters, declared in its file (params.h)
 };
+
+// GQA: how a KV head aggregates the attention of its query heads (scored and pattern policies).
+extern const ParamSpec kGroupReduce;
 
 // What the policy is applied to.
 struct SequenceShape {
@@ -85,18 +82,30 @@ class LayerState {
 
 void check_policy_options(const PolicyOptions& options);  // policies/option_checks.h
 
+class RealisablePolicy;
+class SimOnlyPolicy;
+
+// What every policy has: a name, its parameters, its budget. A policy is either
+// realisable (a LayerState that runs on a real cache and in sim mode) or sim-only
+// (a whole layer's masked attention from its logits); the two subclasses below.
 class Policy {
  public:
   explicit Policy(PolicyOptions options) : options_(std::move(options)) { check_policy_options(options_); }
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
-  // False for policies that need information a real cache does not hold; they run in
-  // sim mode only, through simulate_layer.
-  virtual bool realisable() const { return true; }
-  // False when a row's mask depends on future rows.
-  virtual bool causal() const { return true; }
-  // True for the full cache: the harness may skip all bookkeeping.
+  // The parameters this policy reads (params.h); the CLI and sweeps offer their union.
+  virtual std::vector<const ParamSpec*> parameters() const { return {}; }
+  // Exactly one of these is not null.
+  virtual const RealisablePolicy* as_realisable() const { return nullptr; }
+  virtual const SimOnlyPolicy* as_sim_only() const { return nullptr; }
+  // False for policies that need information a real cache does not hold.
+  bool realisable() const { return as_realisable() != nullptr; }
+  // True for the full cache: the harness may skip all bookkeeping, and it is the
+  // reference the other policies are compared with.
   virtual bool keeps_everything() const { return false; }
+  // False when the budget has no heavy-hitter/recent split, so a heavy share means
+  // nothing (sweeps then run one cell per budget, and report no heavy/recent ratios).
+  virtual bool splits_budget() const { return !keeps_everything(); }
   virtual double default_heavy_share() const { return 0.5; }
   virtual int sink_tokens() const { return 0; }
 
@@ -110,15 +119,6 @@ class Policy {
   // Negative when the budget was given in tokens.
   std::pair<double, double> heavy_recent_ratios() const;
 
-  // Realisable policies: the per-layer state driving both modes.
-  virtual std::unique_ptr<LayerState> make_layer_state(int layer,
-                                                       const SequenceShape& shape) const = 0;
-  // Sim-only policies: the attention probabilities [n_q][T][T] of one layer from its
-  // unmasked causal logits [n_q][T][T] (entries above the diagonal are ignored;
-  // probs arrives zeroed). Budgets refer to shape.length.
-  virtual void simulate_layer(int layer, const SequenceShape& shape, int T, const float* logits,
-                              float* probs) const;
-
   const PolicyOptions& options() const { return options_; }
 
  protected:
@@ -129,6 +129,29 @@ class Policy {
   // int(share*B) heavy and the rest recent.
   Budget paper_split_budget(const SequenceShape& shape) const;
   PolicyOptions options_;
+};
+
+// Runs on a real cache (decode mode) and, the same way, in sim mode.
+class RealisablePolicy : public Policy {
+ public:
+  using Policy::Policy;
+  const RealisablePolicy* as_realisable() const final { return this; }
+  // The per-layer state driving both modes.
+  virtual std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const = 0;
+};
+
+// Needs what a real cache does not hold (the unmasked softmax, future queries): sim mode only.
+class SimOnlyPolicy : public Policy {
+ public:
+  using Policy::Policy;
+  const SimOnlyPolicy* as_sim_only() const final { return this; }
+  // What it needs that a real cache does not hold, for the error a decode run gets.
+  virtual std::string needs() const = 0;
+  // The attention probabilities [n_q][T][T] of one layer from its unmasked causal
+  // logits [n_q][T][T] (entries above the diagonal are ignored; probs arrives zeroed).
+  // Budgets refer to shape.length.
+  virtual void simulate_layer(int layer, const SequenceShape& shape, int T, const float* logits,
+                              float* probs) const = 0;
 };
 
 // Softmax over keys 0..i of one logits row, only the kept ones when `keep` is given
@@ -146,9 +169,10 @@ struct HeadSlots {
   int steps = 0;  // queries observed so far
 };
 
-class ScoredPolicy : public Policy {
+class ScoredPolicy : public RealisablePolicy {
  public:
-  using Policy::Policy;
+  using RealisablePolicy::RealisablePolicy;
+  std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce}; }
   std::unique_ptr<LayerState> make_layer_state(int layer,
                                                const SequenceShape& shape) const override;
 

@@ -3,15 +3,22 @@
 // bottom 2*base - base/beta), so the average over layers equals the budget.
 #include <cmath>
 
-#include "harness/common/errors.h"
 #include "policies/snapkv.h"
 
 namespace kvevict {
 namespace {
+const ParamSpec kPyramidBeta =
+    ParamSpec::real("pyramid_beta", 20, "pyramidkv: the top layer gets base/beta heavy slots").at_least(1);
+
 class PyramidKVPolicy : public SnapKVPolicy {
  public:
   using SnapKVPolicy::SnapKVPolicy;
   std::string name() const override { return "pyramidkv"; }
+  std::vector<const ParamSpec*> parameters() const override {
+    auto params = SnapKVPolicy::parameters();
+    params.push_back(&kPyramidBeta);
+    return params;
+  }
   Budget layer_budget(int layer, const SequenceShape& shape) const override {
     Budget b = Policy::layer_budget(layer, shape);
     const int base = b.capacity - b.recent - b.sink;
@@ -19,7 +26,7 @@ class PyramidKVPolicy : public SnapKVPolicy {
     // The linear schedule in real numbers sums to exactly n_layers * base; layer l gets
     // the rounded cumulative sum's increment, so the integer budgets keep that sum (a
     // truncated integer step would overshoot: 39/30/21/12/3 for base 20 over 5 layers).
-    const double smallest = base / options_.pyramid_beta;
+    const double smallest = base / options_.params.real(kPyramidBeta);
     const double largest = 2.0 * base - smallest;
     const double step = (largest - smallest) / (shape.n_layers - 1);
     auto cumulative = [&](int layers) {  // sum of the first `layers` layer budgets
@@ -32,8 +39,6 @@ class PyramidKVPolicy : public SnapKVPolicy {
 }  // namespace
 
 std::unique_ptr<Policy> make_pyramidkv_policy(const PolicyOptions& o) {
-  if (o.window < 1) throw Error("pyramidkv: --window must be at least 1");
-  if (o.pyramid_beta < 1) throw Error("pyramidkv: beta must be at least 1");
   return std::make_unique<PyramidKVPolicy>(o);
 }
 }  // namespace kvevict

@@ -12,12 +12,15 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+const ParamSpec kSeed = ParamSpec::seed("seed", "random: seed").flag("--policy-seed").per_run_seed();
+
 class RandomPolicy : public ScoredPolicy {
  public:
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "random"; }
+  std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kSeed}; }
   void on_append(HeadSlots& head, float* slot, int position, float) const override {
-    uint64_t h = splitmix64(options_.seed ^ splitmix64((uint64_t(head.layer) << 40) ^
+    uint64_t h = splitmix64(seed_ ^ splitmix64((uint64_t(head.layer) << 40) ^
                                                        (uint64_t(head.kv_head) << 32) ^
                                                        uint64_t(position)));
     slot[0] = static_cast<float>(h >> 40) / static_cast<float>(1ULL << 24);
@@ -25,6 +28,9 @@ class RandomPolicy : public ScoredPolicy {
   void score(const HeadSlots& head, float* out) const override {
     for (size_t s = 0; s < head.positions.size(); ++s) out[s] = head.values[s];
   }
+
+ private:
+  const uint64_t seed_ = options_.params.seed(kSeed);
 };
 }  // namespace
 

@@ -19,7 +19,62 @@ const Entry kPolicies[] = {
 #include "policies/policy_list.h"
 #undef KVEVICT_POLICY
 };
+
+const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const std::string& key) {
+  for (const ParamSpec* p : params)
+    if (p->key() == key) return p;
+  return nullptr;
+}
 }  // namespace
+
+std::string policy_help() {
+  std::string known;
+  for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
+  return known + "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern";
+}
+
+std::string reference_policy_name() {
+  for (const auto& e : kPolicies)
+    if (e.factory({})->keeps_everything()) return e.name;
+  throw Error("internal: no full-cache policy is registered");
+}
+
+bool is_reference_policy(const std::string& name) {
+  for (const auto& e : kPolicies)
+    if (name == e.name) return e.factory({})->keeps_everything();
+  return false;
+}
+
+std::vector<std::string> default_recall_policies() {
+  return {"local", "h2o", "sparse-strided", "sparse-fixed", "h2o+sparse-strided"};
+}
+
+const std::vector<const ParamSpec*>& all_policy_params() {
+  static const std::vector<const ParamSpec*> params = [] {
+    std::vector<const ParamSpec*> all;
+    for (const auto& e : kPolicies)
+      for (const ParamSpec* p : e.factory({})->parameters()) {
+        const ParamSpec* known = find_if_key(all, p->key());
+        if (!known) all.push_back(p);
+        else if (known != p) throw Error("internal: policy parameter \"" + p->key() + "\" is declared twice");
+      }
+    return all;
+  }();
+  return params;
+}
+
+const ParamSpec* find_policy_param(const std::string& key) { return find_if_key(all_policy_params(), key); }
+
+namespace {
+const ParamSpec& declared(const std::string& key) {
+  const ParamSpec* spec = find_policy_param(key);
+  if (!spec) throw Error("unknown policy parameter \"" + key + "\"");
+  return *spec;
+}
+}  // namespace
+
+void PolicyParams::set(const std::string& key, double value) { set(declared(key), value); }
+void PolicyParams::set(const std::string& key, const std::string& text) { set(declared(key), text, key); }
 
 std::vector<std::string> policy_names() {
   std::vector<std::string> names;

@@ -7,19 +7,29 @@
 
 namespace kvevict {
 
+inline const ParamSpec kKernel = ParamSpec::integer("kernel", 5, "snapkv/pyramidkv: pooling kernel").at_least(1).odd();
+inline const ParamSpec kPooling = ParamSpec::choice("pooling", {"avg", "max"}, "snapkv/pyramidkv: pooling");
+
 class SnapKVPolicy : public ScoredPolicy {
  public:
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "snapkv"; }
-  int channels() const override { return options_.window; }
+  std::vector<const ParamSpec*> parameters() const override {
+    return {&kGroupReduce, &kWindow, &kKernel, &kPooling};
+  }
+  int channels() const override { return window_; }
   void on_observe(HeadSlots& head, const float* attention) const override {
-    record_window(head, attention, options_.window);
+    record_window(head, attention, window_);
   }
   void score(const HeadSlots& head, float* out) const override {
-    window_sum(head, options_.window, out);
-    pool_keys(out, static_cast<int>(head.positions.size()), options_.kernel,
-              options_.pooling == "max");
+    window_sum(head, window_, out);
+    pool_keys(out, static_cast<int>(head.positions.size()), kernel_, use_max_);
   }
+
+ private:
+  const int window_ = static_cast<int>(options_.params.integer(kWindow));
+  const int kernel_ = static_cast<int>(options_.params.integer(kKernel));
+  const bool use_max_ = options_.params.text(kPooling) == "max";
 };
 
 }  // namespace kvevict

@@ -32,14 +32,21 @@ class FixedPattern : public StaticPattern {
   int l_, c_;
 };
 
+const ParamSpec kSummary =
+    ParamSpec::integer("summary", 1, "sparse-fixed: summary positions c at the end of each block").at_least(1);
+
 class SparseFixedPolicy : public PatternPolicy {
  public:
   using PatternPolicy::PatternPolicy;
   std::string name() const override { return "sparse-fixed"; }
+  std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kStride, &kSummary}; }
   std::unique_ptr<StaticPattern> make_pattern(int period) const override {
-    return std::make_unique<FixedPattern>(period, options_.summary);
+    return std::make_unique<FixedPattern>(period, summary_);
   }
-  int min_period() const override { return std::max(1, options_.summary); }
+  int min_period() const override { return std::max(1, summary_); }
+
+ private:
+  const int summary_ = static_cast<int>(options_.params.integer(kSummary));
 };
 
 }  // namespace

@@ -183,15 +183,15 @@ std::unique_ptr<StaticPattern> PatternPolicy::pattern_for(int budget_tokens, int
 }
 
 std::unique_ptr<StaticPattern> PatternPolicy::resolve(const SequenceShape& shape) const {
-  if (options_.stride > 0) return make_pattern(options_.stride);
+  const int stride = static_cast<int>(options_.params.integer(kStride));
+  if (stride > 0) return make_pattern(stride);
   return pattern_for(total_budget(shape), shape.length);
 }
 
 void PatternPolicy::validate(const SequenceShape& shape) const {
-  if (options_.stride == 0 || options_.stride < -1)
-    throw Error("--stride " + std::to_string(options_.stride) + " must be a positive period");
-  if (options_.stride > 0 && !options_.budget.is_set()) {
-    make_pattern(options_.stride);  // checks --summary against the period
+  const int stride = static_cast<int>(options_.params.integer(kStride));
+  if (stride > 0 && !options_.budget.is_set()) {
+    make_pattern(stride);  // checks --summary against the period
     return;  // the pattern alone: no budget needed
   }
   Policy::validate(shape);
@@ -206,20 +206,26 @@ Budget PatternPolicy::layer_budget(int, const SequenceShape& shape) const {
 
 std::unique_ptr<LayerState> PatternPolicy::make_layer_state(int layer, const SequenceShape& shape) const {
   return std::make_unique<PatternLayerState>(std::shared_ptr<const StaticPattern>(resolve(shape)), nullptr, 0, layer,
-                                             shape, options_.group_reduce);
+                                             shape, options_.params.text(kGroupReduce));
 }
 
 // ---------------------------------------------------------------------------------
 namespace {
 
-class ComposedPolicy : public Policy {
+class ComposedPolicy : public RealisablePolicy {
  public:
   ComposedPolicy(std::unique_ptr<Policy> scored, std::unique_ptr<Policy> pattern)
-      : Policy(scored->options()), scored_holder_(std::move(scored)), pattern_holder_(std::move(pattern)),
+      : RealisablePolicy(scored->options()), scored_holder_(std::move(scored)), pattern_holder_(std::move(pattern)),
         scored_(dynamic_cast<const ScoredPolicy*>(scored_holder_.get())),
         pattern_(dynamic_cast<const PatternPolicy*>(pattern_holder_.get())) {}
 
   std::string name() const override { return scored_->name() + "+" + pattern_->name(); }
+  std::vector<const ParamSpec*> parameters() const override {
+    auto params = scored_->parameters();
+    for (const ParamSpec* p : pattern_->parameters())
+      if (std::find(params.begin(), params.end(), p) == params.end()) params.push_back(p);
+    return params;
+  }
   double default_heavy_share() const override { return scored_->default_heavy_share(); }
 
   // The scored policy's split of its own budget: heavy hitters, and the rest (its
@@ -231,8 +237,8 @@ class ComposedPolicy : public Policy {
   Parts parts(int layer, const SequenceShape& shape) const {
     const Budget b = scored_->layer_budget(layer, shape);
     Parts p;
-    p.pattern = options_.stride > 0 ? pattern_->make_pattern(options_.stride)
-                                    : pattern_->pattern_for(b.recent + b.sink, shape.length);
+    const int stride = static_cast<int>(options_.params.integer(kStride));
+    p.pattern = stride > 0 ? pattern_->make_pattern(stride) : pattern_->pattern_for(b.recent + b.sink, shape.length);
     p.heavy = std::max(0, b.capacity - pattern_max_kept(*p.pattern, shape.length));
     return p;
   }
@@ -244,15 +250,12 @@ class ComposedPolicy : public Policy {
     return budget;
   }
 
-  void validate(const SequenceShape& shape) const override {
-    scored_->validate(shape);
-    if (options_.stride == 0 || options_.stride < -1)
-      throw Error("--stride " + std::to_string(options_.stride) + " must be a positive period");
-  }
+  void validate(const SequenceShape& shape) const override { scored_->validate(shape); }
 
   std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const override {
     const Parts p = parts(layer, shape);
-    return std::make_unique<PatternLayerState>(p.pattern, scored_, p.heavy, layer, shape, options_.group_reduce);
+    return std::make_unique<PatternLayerState>(p.pattern, scored_, p.heavy, layer, shape,
+                                               options_.params.text(kGroupReduce));
   }
 
  private:

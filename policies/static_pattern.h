@@ -36,12 +36,18 @@ class StaticPattern {
 // Most keys any query 0..length-1 attends besides itself.
 int pattern_max_kept(const StaticPattern& pattern, int length);
 
+inline const ParamSpec kStride = ParamSpec::integer(
+    "stride", -1, "sparse-strided: stride l; sparse-fixed: block length l (-1: chosen from the budget)")
+                                      .at_least(1)
+                                      .or_value(-1);
+
 // A policy whose keep rule is a static pattern. Subclasses make the pattern for a given
 // period; the period comes from --stride, or from a kept-token budget (see
 // choose_period).
-class PatternPolicy : public Policy {
+class PatternPolicy : public RealisablePolicy {
  public:
-  using Policy::Policy;
+  using RealisablePolicy::RealisablePolicy;
+  std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kStride}; }
   virtual std::unique_ptr<StaticPattern> make_pattern(int period) const = 0;
   virtual int min_period() const { return 1; }
   // The shortest period whose largest per-query kept count (itself excluded) over

@@ -3,11 +3,15 @@
 
 namespace kvevict {
 namespace {
+const ParamSpec kSink = ParamSpec::integer("n_sink", 4, "streamingllm: attention-sink tokens always kept").at_least(0);
+
 class StreamingLLMPolicy : public ScoredPolicy {
  public:
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "streamingllm"; }
-  int sink_tokens() const override { return options_.n_sink; }
+  std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kSink}; }
+  bool splits_budget() const override { return false; }
+  int sink_tokens() const override { return static_cast<int>(options_.params.integer(kSink)); }
   Budget layer_budget(int layer, const SequenceShape& shape) const override {
     Budget b = Policy::layer_budget(layer, shape);
     b.recent = b.capacity - b.sink;  // no heavy hitters

@@ -8,6 +8,9 @@
 
 namespace kvevict {
 
+inline const ParamSpec kWindow =
+    ParamSpec::integer("window", 32, "snapkv/pyramidkv/scissorhands: observation window (queries)").at_least(1);
+
 // Writes this step's attention into its ring channel for every slot.
 inline void record_window(HeadSlots& head, const float* attention, int window) {
   const int channel = head.steps % window;

@@ -102,7 +102,7 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
         for (int prefill : {0, static_cast<int>(c.tokens.size()) / 2}) {
           PolicyOptions o;
           o.budget.ratio = budget;
-          o.window = 8;
+          o.params.set("window", 8);
           auto policy = make_policy(name, o);
           auto sim = score_sequence(*model, *policy, Mode::Sim, c.tokens, prefill);
           auto decode = score_sequence(*model, *policy, Mode::Decode, c.tokens, prefill);

@@ -13,8 +13,8 @@ TEST_CASE("pyramidkv layer budgets decrease and average to the budget", "[polici
   for (const Case& c : cases) {
     PolicyOptions options;
     options.budget.ratio = c.ratio;
-    options.window = 4;
-    options.pyramid_beta = c.beta;
+    options.params.set("window", 4);
+    options.params.set("pyramid_beta", c.beta);
     auto pyramid = make_policy("pyramidkv", options);
     auto flat = make_policy("snapkv", options);
     SequenceShape shape;

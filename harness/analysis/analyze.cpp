@@ -130,7 +130,7 @@ class SequenceAnalyzer {
         RecallRun run{name, budget, make_policy(name, o), nullptr};
         if (!run.made->realisable()) continue;  // noted once by analyze_attention
         run.made->validate(shape);
-        run.state = run.made->make_layer_state(layer, shape);
+        run.state = run.made->as_realisable()->make_layer_state(layer, shape);
         runs_.push_back(std::move(run));
       }
   }
@@ -296,8 +296,9 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
   for (const auto& name : options.recall_policies) {
     PolicyOptions o = options.policy_options;
     o.budget.ratio = 0.5;
-    if (!make_policy(name, o)->realisable())
-      out.notes.push_back(name + ": sim-only (it needs the unmasked softmax), no recall");
+    const auto policy = make_policy(name, o);
+    if (!policy->realisable())
+      out.notes.push_back(name + ": sim-only (it needs " + policy->as_sim_only()->needs() + "), no recall");
   }
   size_t longest = 0;
   for (size_t s = 0; s < sequences.size(); ++s)

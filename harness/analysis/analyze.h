@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "harness/model/model.h"
-#include "policies/policy.h"
+#include "policies/registry.h"
 
 namespace kvevict {
 
 struct AnalyzeOptions {
-  std::vector<std::string> recall_policies = {"local", "h2o", "sparse-strided", "sparse-fixed", "h2o+sparse-strided"};
+  std::vector<std::string> recall_policies = default_recall_policies();
   std::vector<double> recall_budgets = {0.1, 0.2, 0.3, 0.5};
   PolicyOptions policy_options;  // window, stride, ... for the recall policies (budget set per run)
   std::vector<int> persistence_deltas = {1, 4, 16, 64};

@@ -19,9 +19,11 @@ void add_analyze_flags(CLI::App& cmd, AnalyzeArgs& a) {
   analyze_cmd->add_option("--shots", a.shots, "task: few-shot examples")->capture_default_str();
   analyze_cmd->add_option("--max-length", a.max_length, "task: left-truncate requests")->capture_default_str();
   analyze_cmd->add_flag("--bos", a.bos, "task: prepend BOS to multiple-choice contexts");
+  std::string recall_defaults;
+  for (const auto& name : default_recall_policies()) recall_defaults += (recall_defaults.empty() ? "" : ",") + name;
   analyze_cmd->add_option("--recall-policies", a.recall_policies,
-                          "comma-separated policies for attention recall (default: local,h2o,sparse-strided,"
-                          "sparse-fixed,h2o+sparse-strided; \"none\" for no recall)");
+                          "comma-separated policies for attention recall (default: " + recall_defaults +
+                              "; \"none\" for no recall)");
   analyze_cmd->add_option("--recall-budgets", a.recall_budgets, "budgets (ratios) for attention recall")
       ->delimiter(',')
       ->capture_default_str();
@@ -29,11 +31,7 @@ void add_analyze_flags(CLI::App& cmd, AnalyzeArgs& a) {
   analyze_cmd->add_option("--heavy-k-ratio", a.heavy_k_ratio, "heavy-hitter set size as a share of the sequence")
       ->capture_default_str();
   analyze_cmd->add_option("--block-rows", a.block_rows, "query rows per attention block (memory)")->capture_default_str();
-  analyze_cmd->add_option("--window", a.policy_options.window, "recall policies: observation window")->capture_default_str();
-  analyze_cmd->add_option("--n-sink", a.policy_options.n_sink, "recall policies: sink tokens")->capture_default_str();
-  analyze_cmd->add_option("--stride", a.policy_options.stride, "recall policies: sparse stride / block length");
-  analyze_cmd->add_option("--summary", a.policy_options.summary, "recall policies: sparse-fixed summary positions")
-      ->capture_default_str();
+  add_policy_param_flags(*analyze_cmd, a.policy_options.params);  // for the recall policies
   analyze_cmd->add_option("--out", a.out, "write analysis.json, analysis.csv and plots/*.svg here");
   analyze_cmd->add_option("--config", a.config,
                           "run every entry of a config's \"analyze\" list (see configs/paper_observations.json) "

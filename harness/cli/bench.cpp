@@ -78,8 +78,10 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   const int steps = config.value("decode_steps", 32);
   const int repeat = config.value("repeat", args.repeat);
   const double budget = config.value("budget", 0.2);
-  const auto policies = config.value("sim_policies", std::vector<std::string>{"h2o", "h2o-paper"});
-  const std::string decode_policy = config.value("decode_policy", std::string("h2o"));
+  if (!config.contains("sim_policies") || !config.contains("decode_policy"))
+    throw Error(args.config + ": a policy benchmark needs \"sim_policies\" and \"decode_policy\"");
+  const auto policies = config["sim_policies"].get<std::vector<std::string>>();
+  const std::string decode_policy = config["decode_policy"].get<std::string>();
   auto tokens = random_tokens(T + steps, static_cast<int>(model->arch().vocab), 1);
   std::vector<int> seq(tokens.begin(), tokens.begin() + T);
 
@@ -88,17 +90,12 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
             << " layers, hidden " << model->arch().hidden << ", " << model->arch().n_heads << " heads)\n";
   std::cout << "load_seconds " << load << "\n";
   PolicyOptions none;
-  auto full = make_policy("full", none);
+  auto full = make_policy(reference_policy_name(), none);
   const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
   std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim << "\n";
   for (const auto& name : policies) {
     PolicyOptions o;
-    if (name == "h2o-paper") {
-      o.budget.heavy_ratio = budget / 2;
-      o.budget.recent_ratio = budget / 2;
-    } else {
-      o.budget.ratio = budget;
-    }
+    o.budget.ratio = budget;  // the paper's split policies read it as heavy = recent = budget / 2
     auto policy = make_policy(name, o);
     const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
     std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s
@@ -167,7 +164,7 @@ int run_bench(const BenchArgs& args, const std::string& data_dir) {
   auto model = Model::load(args.model, args.runtime.options);
   const double load = seconds_since(t0);
   PolicyOptions none;
-  auto full = make_policy("full", none);
+  auto full = make_policy(reference_policy_name(), none);
   const int vocab = static_cast<int>(model->arch().vocab);
   std::vector<int> prompt = {model->arch().bos_token_id >= 0 ? model->arch().bos_token_id : 0};
   GenerateOptions gen;

@@ -1,23 +1,44 @@
 // The policy and budget flags every subcommand shares, so they read the same
 // everywhere: --policy --budget --budget-tokens --heavy-share --heavy-ratio
-// --recent-ratio --n-sink --window --kernel --pooling --seed --group-reduce.
+// --recent-ratio, and one flag per declared policy parameter (policies/params.h).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 
+#include "harness/common/errors.h"
 #include "harness/cli/cli_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
 
+// One flag per parameter any policy declares (--n-sink, --window, --kernel, --pooling,
+// --policy-seed, --stride, --summary, --group-reduce, --pyramid-beta, ...), checked
+// against its declaration as it is parsed.
+inline void add_policy_param_flags(CLI::App& app, PolicyParams& params) {
+  for (const ParamSpec* spec : all_policy_params()) {
+    app.add_option_function<std::string>(
+           spec->cli_flag(),
+           [spec, &params](const std::string& value) {
+             try {
+               params.set(*spec, value, spec->cli_flag());
+             } catch (const Error& e) {
+               throw CLI::ValidationError(e.what());
+             }
+           },
+           spec->describe())
+        ->default_str(spec->default_text())
+        ->type_name(spec->kind() == ParamSpec::Kind::Real ? "FLOAT"
+                    : spec->kind() == ParamSpec::Kind::Choice ? "TEXT"
+                                                               : "INT");
+  }
+}
+
 struct PolicyFlags {
-  std::string policy = "full";
+  std::string policy = reference_policy_name();
   PolicyOptions options;
   void add_to(CLI::App& app) {
-    app.add_option("--policy", policy, "eviction policy: " + known_policies() +
-                   "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern")
-        ->capture_default_str();
+    app.add_option("--policy", policy, "eviction policy: " + policy_help())->capture_default_str();
     app.add_option("--budget", options.budget.ratio, "cache budget as a ratio of the sequence length, in (0, 1]")
         ->check(cli::finite_range(0, 1, true));
     app.add_option("--budget-tokens", options.budget.tokens, "cache budget as an absolute token count")->check(cli::at_least(1));
@@ -25,23 +46,9 @@ struct PolicyFlags {
                    "share of the budget given to heavy hitters (default: the policy's)");
     app.add_option("--heavy-ratio", options.budget.heavy_ratio, "the paper's heavy-hitter ratio of the length");
     app.add_option("--recent-ratio", options.budget.recent_ratio, "the paper's recent-window ratio of the length");
-    app.add_option("--n-sink", options.n_sink, "streamingllm: sink tokens")->capture_default_str();
-    app.add_option("--window", options.window, "snapkv/pyramidkv/scissorhands: observation window")->capture_default_str();
-    app.add_option("--kernel", options.kernel, "snapkv/pyramidkv: pooling kernel")->capture_default_str();
-    app.add_option("--pooling", options.pooling, "snapkv/pyramidkv: avg or max")->capture_default_str();
-    app.add_option("--policy-seed", options.seed, "random: seed")->capture_default_str();
-    app.add_option("--stride", options.stride,
-                   "sparse-strided: stride l; sparse-fixed: block length l (default: chosen from the budget)");
-    app.add_option("--summary", options.summary, "sparse-fixed: summary positions c per block")->capture_default_str();
-    app.add_option("--group-reduce", options.group_reduce, "GQA aggregation over a KV head's query heads: mean or max")
-        ->capture_default_str();
+    add_policy_param_flags(app, options.params);
   }
   std::unique_ptr<Policy> make() const { return make_policy(policy, options); }
-  static std::string known_policies() {
-    std::string s;
-    for (const auto& n : policy_names()) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  }
 };
 
 }  // namespace kvevict

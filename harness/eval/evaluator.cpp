@@ -207,12 +207,12 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   // An accuracy over no documents is not a number to report.
   if (result.n == 0) throw Error("task " + config.task + " has no documents to evaluate");
   const TaskKind kind = make_task(config.task)->kind();
-  if (config.policy == "full" || !config.compare_with_full || kind == TaskKind::Perplexity) return result;
+  if (is_reference_policy(config.policy) || !config.compare_with_full || kind == TaskKind::Perplexity) return result;
   std::optional<EvalResult> local;
   std::optional<EvalResult>& full = full_cache ? *full_cache : local;
   if (!full) {
     EvalConfig reference = config;
-    reference.policy = "full";
+    reference.policy = reference_policy_name();
     reference.policy_options = PolicyOptions{};
     full = run(model, reference, {});
   }

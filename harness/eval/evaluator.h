@@ -10,7 +10,7 @@
 
 #include "harness/model/model.h"
 #include "harness/runtime/scorer.h"
-#include "policies/policy.h"
+#include "policies/registry.h"
 #include "tasks/metrics.h"
 #include "tasks/rouge.h"
 #include "tasks/task.h"
@@ -26,7 +26,7 @@ std::string score_mode_name(ScoreMode mode);
 struct EvalConfig {
   std::string task;
   TaskOptions task_options;  // data_dir, shots, seed, limit
-  std::string policy = "full";
+  std::string policy = reference_policy_name();
   PolicyOptions policy_options;
   Mode mode = Mode::Sim;
   Protocol protocol = Protocol::Stream;

@@ -5,24 +5,20 @@
 #include "policies/registry.h"
 
 namespace kvevict {
-// Policies whose budget has no heavy/recent split.
-bool uses_heavy_share(const std::string& policy) {
-  return policy != "full" && policy != "local" && policy != "streamingllm";
-}
-
 ResultRow identity_row(const std::string& model, const EvalConfig& c) {
   ResultRow row;
   row.model = model;
   row.task = c.task;
   row.policy = c.policy;
   const BudgetSpec& b = c.policy_options.budget;
-  if (c.policy != "full") {
+  const auto policy = make_policy(c.policy, c.policy_options);
+  if (!policy->keeps_everything()) {
     if (b.ratio > 0) row.budget = b.ratio;
     if (b.tokens > 0) row.budget_tokens = b.tokens;
     if (b.heavy_share >= 0) row.heavy_share = b.heavy_share;
     if (b.ratio > 0) {
-      double share = b.heavy_share >= 0 ? b.heavy_share : make_policy(c.policy, c.policy_options)->default_heavy_share();
-      if (!uses_heavy_share(c.policy)) share = 0;
+      double share = b.heavy_share >= 0 ? b.heavy_share : policy->default_heavy_share();
+      if (!policy->splits_budget()) share = 0;
       row.heavy_ratio = b.ratio * share;
       row.recent_ratio = b.ratio * (1 - share);
     }

@@ -9,8 +9,6 @@
 
 namespace kvevict {
 
-// Whether a policy splits its budget into heavy hitters and a recent window.
-bool uses_heavy_share(const std::string& policy);
 // The identity columns of a configuration (outcome columns empty).
 ResultRow identity_row(const std::string& model, const EvalConfig& config);
 // identity_row plus each metric of the result.

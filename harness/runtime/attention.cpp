@@ -108,7 +108,7 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
       logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
                             -std::numeric_limits<float>::infinity());
     auto probs32 = torch::zeros({hq, T, T}, torch::kFloat32);
-    policy_.simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
+    policy_.as_sim_only()->simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
     probs = probs32;
     const Budget b = policy_.layer_budget(layer, shape_);
     stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
@@ -134,7 +134,7 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   Scalar* P = probs.data_ptr<Scalar>();
   auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
   const float* key_norms = norms.data_ptr<float>();
-  auto state = policy_.make_layer_state(layer, shape_);
+  auto state = policy_.as_realisable()->make_layer_state(layer, shape_);
   std::vector<float> row;  // what the policy observes: [Hq][slots]
   std::vector<double> exps(T);
   std::vector<std::vector<char>> pattern(n_kv);  // static sparse patterns: slots this row attends
@@ -183,10 +183,10 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
 CacheAttention::CacheAttention(const Model& model, const Policy& policy, SequenceShape shape)
     : model_(model), policy_(policy), shape_(shape), layers_(shape.n_layers) {
   if (!policy.realisable())
-    throw Error("policy " + policy.name() + " is sim-only (it needs what a real cache does not "
-                "hold); use --mode sim");
+    throw Error("policy " + policy.name() + " is sim-only (it needs " + policy.as_sim_only()->needs() +
+                ", which a real cache does not hold); use --mode sim");
   if (!policy.keeps_everything())
-    for (int l = 0; l < shape.n_layers; ++l) layers_[l].state = policy.make_layer_state(l, shape);
+    for (int l = 0; l < shape.n_layers; ++l) layers_[l].state = policy.as_realisable()->make_layer_state(l, shape);
   stats_.kept_per_layer.assign(shape.n_layers, 0);
   stats_.max_per_layer.assign(shape.n_layers, 0);
   stats_.visible_per_layer.assign(shape.n_layers, 0);

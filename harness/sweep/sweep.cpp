@@ -21,8 +21,8 @@
 #include "harness/common/text.h"
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/result_rows.h"
+#include "harness/sweep/policy_options_json.h"
 #include "harness/common/folder_lock.h"
-#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -57,48 +57,6 @@ std::vector<T> axis(const nlohmann::json& config, const std::string& path, const
   } catch (const std::exception& e) {
     throw Error(path + ": key \"" + key + "\" has the wrong type (" + json_error_message(e) + ")");
   }
-}
-
-// "policy_options": a closed set of keys, each of its type; the ranges are the policy's own checks.
-PolicyOptions read_policy_options(const nlohmann::json& config, const std::string& path) {
-  PolicyOptions options;
-  if (!config.contains("policy_options")) return options;
-  const auto& po = config["policy_options"];
-  if (!po.is_object()) throw Error(path + ": \"policy_options\" must be an object");
-  auto read = [&](const std::string& key, auto& field) {
-    using Field = std::decay_t<decltype(field)>;
-    const auto& value = po[key];
-    const bool fits = std::is_same_v<Field, std::string> ? value.is_string() : value.is_number_integer();
-    if (!fits)
-      throw Error(path + ": key \"policy_options." + key + "\" must be " +
-                  (std::is_same_v<Field, std::string> ? "a string" : "an integer") + ", not " + value.dump());
-    if constexpr (std::is_same_v<Field, std::string>) {
-      field = value.template get<std::string>();
-    } else {
-      const int64_t wide = value.template get<int64_t>();
-      if (wide < std::numeric_limits<int>::min() || wide > std::numeric_limits<int>::max())
-        throw Error(path + ": key \"policy_options." + key + "\" is out of range: " + value.dump());
-      field = static_cast<int>(wide);
-    }
-  };
-  for (auto& [key, _] : po.items()) {
-    if (key == "n_sink") read(key, options.n_sink);
-    else if (key == "window") read(key, options.window);
-    else if (key == "kernel") read(key, options.kernel);
-    else if (key == "pooling") read(key, options.pooling);
-    else if (key == "group_reduce") read(key, options.group_reduce);
-    else if (key == "stride") read(key, options.stride);
-    else if (key == "summary") read(key, options.summary);
-    else
-      throw Error(path + ": unknown key \"policy_options." + key +
-                  "\" (known: n_sink, window, kernel, pooling, group_reduce, stride, summary)");
-  }
-  try {
-    check_policy_options(options);
-  } catch (const Error& e) {
-    throw Error(path + ": policy_options: " + e.what());
-  }
-  return options;
 }
 
 }  // namespace
@@ -170,7 +128,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   auto tasks = axis<std::string>(config, path, "tasks", {});
   if (tasks.empty()) throw Error(path + ": \"tasks\" is required");
   for (const auto& t : tasks) make_task(t);  // unknown task fails here, naming the known ones
-  auto policies = axis<std::string>(config, path, "policies", {"full"});
+  auto policies = axis<std::string>(config, path, "policies", {reference_policy_name()});
   auto budgets = axis<double>(config, path, "budgets", {});
   auto budget_tokens = axis<int>(config, path, "budget_tokens", {});
   auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
@@ -206,7 +164,8 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   for (double s : shares)
     if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
 
-  PolicyOptions base_options = read_policy_options(config, path);
+  PolicyOptions base_options;
+  if (config.contains("policy_options")) base_options.params = read_policy_options(config["policy_options"], path);
   struct BudgetChoice {
     double ratio = -1;
     int tokens = -1;
@@ -222,22 +181,22 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
         for (int shot : shots)
           for (int seed : seeds)
             for (const auto& policy : policies) {
-              make_policy(policy, base_options);  // unknown policy fails here
+              const auto made = make_policy(policy, base_options);  // unknown policy fails here
               std::vector<std::pair<BudgetChoice, double>> variants;
-              if (policy == "full") {
+              if (made->keeps_everything()) {
                 variants.push_back({{}, -1});
               } else {
                 if (budget_choices.empty())
                   throw Error(path + ": policy " + policy + " needs \"budgets\" or \"budget_tokens\"");
                 for (const auto& b : budget_choices) {
-                  if (uses_heavy_share(policy))
+                  if (made->splits_budget())
                     for (double s : shares) variants.push_back({b, s});
                   else
                     variants.push_back({b, -1});
                 }
               }
               // A sim-only policy cannot generate: no generation-task cell for it.
-              if (!make_policy(policy, base_options)->realisable() &&
+              if (!made->realisable() &&
                   make_task(task)->kind() == TaskKind::Generation) {
                 plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");
                 continue;
@@ -255,7 +214,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.task_options.pipeline = pipeline;
                 e.policy = policy;
                 e.policy_options = base_options;
-                e.policy_options.seed = static_cast<uint64_t>(seed);
+                set_run_seed(e.policy_options.params, made->parameters(), seed);
                 e.policy_options.budget.ratio = b.ratio;
                 e.policy_options.budget.tokens = b.tokens;
                 e.policy_options.budget.heavy_share = share;
@@ -426,7 +385,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
                            "|" + std::to_string(cell->eval.task_options.seed) + "|" + score_mode_name(cell->eval.score) +
                            "|" + protocol_name(cell->eval.protocol) + "|" + pipeline_name(cell->eval.task_options.pipeline);
     EvalResult result = evaluate(*model, cell->eval, [&](int d, int t) { progress.examples(d, t); }, &full_runs[full_key]);
-    if (cell->eval.policy == "full" && !full_runs[full_key]) full_runs[full_key] = result;
+    if (is_reference_policy(cell->eval.policy) && !full_runs[full_key]) full_runs[full_key] = result;
     progress.end_cell();
     if (predictions)
       write_predictions(result, cell->eval,

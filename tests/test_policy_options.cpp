@@ -1,0 +1,72 @@
+// Policy parameters reach the sweep and the CLI through their one declaration: the
+// sweep's "policy_options" keys, the per-cell seed, and the flags, with ranges checked.
+#include "harness/common/errors.h"
+#include "harness/sweep/sweep.h"
+#include "policies/registry.h"
+#include "tests/test_support.h"
+// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
+#undef CHECK
+#undef CHECK_EQ
+#include <catch2/catch.hpp>
+
+using namespace kvevict;
+
+namespace {
+
+nlohmann::json sweep_with(const nlohmann::json& policy_options) {
+  auto config = nlohmann::json::parse(R"({"tasks": ["copa"], "policies": ["pyramidkv", "random"],
+                                          "budgets": [0.2], "seeds": [1, 2]})");
+  config["policy_options"] = policy_options;
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("a sweep's policy_options are the declared parameters, checked", "[sweep][params]") {
+  const auto plan = expand_sweep(sweep_with({{"window", 8}, {"kernel", 7}, {"pooling", "max"}, {"pyramid_beta", 5.5}}),
+                                 "sweep.json", "");
+  REQUIRE(plan.cells.size() == 4);
+  for (const auto& cell : plan.cells) {
+    const PolicyParams& params = cell.eval.policy_options.params;
+    INFO(cell.eval.policy);
+    CHECK(params.text(*find_policy_param("window")) == "8");
+    CHECK(params.text(*find_policy_param("kernel")) == "7");
+    CHECK(params.text(*find_policy_param("pooling")) == "max");
+    CHECK(params.real(*find_policy_param("pyramid_beta")) == 5.5);  // settable now
+    if (cell.eval.policy == "random")  // the seed comes from "seeds", per cell
+      CHECK(params.seed(*find_policy_param("seed")) == static_cast<uint64_t>(cell.eval.task_options.seed));
+  }
+  const auto error_of = [](const nlohmann::json& options) {
+    try {
+      expand_sweep(sweep_with(options), "sweep.json", "");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of({{"windw", 8}}), Catch::Contains("sweep.json") && Catch::Contains("unknown key \"windw\"") &&
+                                            Catch::Contains("window"));
+  CHECK_THAT(error_of({{"kernel", 4}}), Catch::Contains("policy_options.kernel") && Catch::Contains("odd"));
+  CHECK_THAT(error_of({{"n_sink", -2}}), Catch::Contains("policy_options.n_sink"));
+  CHECK_THAT(error_of({{"group_reduce", "sum"}}), Catch::Contains("one of mean, max"));
+  CHECK_THAT(error_of({{"seed", 3}}), Catch::Contains("\"seed\" is set per cell from \"seeds\""));
+  CHECK_THAT(error_of({{"window", true}}), Catch::Contains("policy_options.window"));
+  CHECK(error_of({{"stride", -1}, {"summary", 2}, {"n_sink", 0}}).empty());
+}
+
+TEST_CASE("every declared parameter is a CLI flag, range-checked", "[cli][params]") {
+  const std::string text = " --text-file " + test::data("text/tinystories_sample.txt") + " --max-tokens 80 --format json";
+  auto even = test::run_kvevict("perplexity" + text + " --policy snapkv --budget 0.2 --kernel 4");
+  CHECK(even.exit_code != 0);
+  CHECK_THAT(even.err, Catch::Contains("--kernel") && Catch::Contains("odd"));
+  auto steep = test::run_kvevict("perplexity" + text + " --policy pyramidkv --budget 0.2");
+  auto flat = test::run_kvevict("perplexity" + text + " --policy pyramidkv --budget 0.2 --pyramid-beta 1");
+  REQUIRE(steep.exit_code == 0);
+  REQUIRE(flat.exit_code == 0);
+  const auto steep_kept = nlohmann::json::parse(steep.out)["kv_tokens_kept"].get<std::vector<int>>();
+  const auto flat_kept = nlohmann::json::parse(flat.out)["kv_tokens_kept"].get<std::vector<int>>();
+  CHECK(steep_kept.front() > steep_kept.back());  // beta 20: a pyramid
+  CHECK(flat_kept.front() == flat_kept.back());   // beta 1: every layer the same
+  auto help = test::run_kvevict("eval --help");
+  for (const ParamSpec* spec : all_policy_params()) CHECK_THAT(help.out, Catch::Contains(spec->cli_flag()));
+}

@@ -1,0 +1,358 @@
+// Model-free unit tests for every registered policy (as kvpress tests its presses):
+// a policy's LayerState is driven with synthetic attention and key norms, and its
+// slots are checked step by step. Sim-only policies get synthetic logits.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <set>
+
+#include "harness/common/errors.h"
+#include "policies/registry.h"
+
+using namespace kvevict;
+
+namespace {
+
+// A deterministic value in (0, 1] from a few integers.
+float noise(uint64_t a, uint64_t b, uint64_t c, uint64_t d = 0) {
+  uint64_t x = a * 0x9e3779b97f4a7c15ULL ^ (b + 0x632be59bd9b4e019ULL) * 0xbf58476d1ce4e5b9ULL ^
+               (c + 7) * 0x94d049bb133111ebULL ^ (d + 13) * 0xd6e8feb86659fd93ULL;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 29;
+  return (static_cast<float>(x >> 40) + 1.0f) / static_cast<float>(1ULL << 24);
+}
+
+// Attention of query head h at step i over the slots: peaked weights that depend on
+// (head, step, key position), normalised per row.
+std::vector<float> attention_rows(const LayerState& state, int n_q, int group, int step, int seed) {
+  const int n = state.size();
+  std::vector<float> rows(static_cast<size_t>(n_q) * n);
+  for (int h = 0; h < n_q; ++h) {
+    const auto& positions = state.positions(h / group);
+    float sum = 0;
+    for (int s = 0; s < n; ++s) {
+      const float w = std::pow(noise(seed, h, step, positions[s]), 4.0f);
+      rows[static_cast<size_t>(h) * n + s] = w;
+      sum += w;
+    }
+    for (int s = 0; s < n; ++s) rows[static_cast<size_t>(h) * n + s] /= sum;
+  }
+  return rows;
+}
+
+std::vector<float> key_norms(int n_kv, int position, int seed) {
+  std::vector<float> norms(n_kv);
+  for (int h = 0; h < n_kv; ++h) norms[h] = 0.5f + noise(seed + 1, h, position);
+  return norms;
+}
+
+// The slots of every KV head after each step, with what the newest query saw.
+struct Trace {
+  std::vector<std::vector<std::vector<int>>> positions;  // [step][kv_head] -> positions
+  std::vector<std::vector<int>> visible;                 // [step][kv_head] -> slots visible, itself excluded
+};
+
+SequenceShape make_shape(int length, int layers, int n_q, int n_kv, int prefill = 0) {
+  SequenceShape shape;
+  shape.length = length;
+  shape.prefill_len = prefill;
+  shape.n_layers = layers;
+  shape.n_q_heads = n_q;
+  shape.n_kv_heads = n_kv;
+  return shape;
+}
+
+// Runs one layer as the harness does: append -> observe -> compress per token.
+// `rows` gives the observed attention (default: attention_rows).
+Trace drive(const Policy& policy, int layer, const SequenceShape& shape, int seed,
+            const std::function<std::vector<float>(const LayerState&, int)>& rows = {}) {
+  auto state = policy.as_realisable()->make_layer_state(layer, shape);
+  Trace trace;
+  std::vector<char> visible;
+  for (int i = 0; i < shape.length; ++i) {
+    state->append(i, key_norms(shape.n_kv_heads, i, seed).data());
+    std::vector<int> seen(shape.n_kv_heads);
+    for (int h = 0; h < shape.n_kv_heads; ++h) {
+      seen[h] = state->size() - 1;
+      if (state->visible_slots(h, i, &visible))
+        seen[h] = static_cast<int>(std::count(visible.begin(), visible.end(), 1)) - 1;
+    }
+    trace.visible.push_back(seen);
+    state->observe((rows ? rows(*state, i) : attention_rows(*state, shape.n_q_heads, shape.group(), i, seed)).data());
+    if (i >= shape.prefill_len - 1) state->compress(nullptr);
+    std::vector<std::vector<int>> step(shape.n_kv_heads);
+    for (int h = 0; h < shape.n_kv_heads; ++h) step[h] = state->positions(h);
+    trace.positions.push_back(step);
+  }
+  return trace;
+}
+
+PolicyOptions ratio_options(double ratio) {
+  PolicyOptions o;
+  o.budget.ratio = ratio;
+  o.params.set("window", 8);
+  return o;
+}
+
+bool is_pattern(const std::string& name) {
+  // Pattern policies declare a stride; their "kept" is what a query attends.
+  for (const ParamSpec* p : make_policy(name, ratio_options(0.2))->parameters())
+    if (p->key() == "stride") return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("every registered policy is covered by the unit tests", "[policies][units]") {
+  // 14 today; a new policy is picked up by every loop below without a new line here.
+  CHECK(policy_names().size() >= 14);
+  std::set<std::string> keys;
+  for (const ParamSpec* p : all_policy_params()) {
+    INFO(p->key());
+    CHECK(keys.insert(p->key()).second);
+    CHECK(p->check(p->default_text(), p->key()) == p->default_text());  // every default is in range
+  }
+}
+
+TEST_CASE("scored policies keep exactly the budget each step, sinks and the recent window always",
+          "[policies][units]") {
+  const SequenceShape shape = make_shape(90, 3, 4, 2);
+  for (const std::string& name : policy_names()) {
+    auto policy = make_policy(name, ratio_options(0.2));
+    if (!policy->realisable() || is_pattern(name)) continue;
+    for (int layer = 0; layer < shape.n_layers; ++layer) {
+      const Budget budget = policy->layer_budget(layer, shape);
+      const Trace trace = drive(*policy, layer, shape, 11);
+      for (int i = 0; i < shape.length; ++i)
+        for (int h = 0; h < shape.n_kv_heads; ++h) {
+          const auto& kept = trace.positions[i][h];
+          INFO(name << " layer " << layer << " step " << i << " head " << h);
+          if (policy->keeps_everything()) {
+            REQUIRE(static_cast<int>(kept.size()) == i + 1);
+            continue;
+          }
+          REQUIRE(static_cast<int>(kept.size()) == std::min(i + 1, budget.capacity));
+          REQUIRE(std::is_sorted(kept.begin(), kept.end()));
+          for (int p = 0; p < std::min(budget.sink, i + 1); ++p)
+            REQUIRE(std::binary_search(kept.begin(), kept.end(), p));
+          for (int p = std::max(0, i - budget.recent + 1); p <= i; ++p)
+            REQUIRE(std::binary_search(kept.begin(), kept.end(), p));
+        }
+    }
+  }
+  // The sinks are real: streamingllm keeps its 4 first tokens and nothing between them
+  // and the recent window.
+  auto streaming = make_policy("streamingllm", ratio_options(0.2));
+  const Trace trace = drive(*streaming, 0, shape, 3);
+  CHECK(trace.positions.back()[0] == std::vector<int>({0, 1, 2, 3, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89}));
+}
+
+TEST_CASE("pattern policies attend within the budget and keep what a later query needs", "[policies][units]") {
+  const SequenceShape shape = make_shape(100, 2, 4, 2);
+  const int budget_tokens = 20;  // int(0.2 * 100)
+  for (const std::string& name : policy_names()) {
+    if (!is_pattern(name)) continue;
+    auto policy = make_policy(name, ratio_options(0.2));
+    const Trace trace = drive(*policy, 0, shape, 5);
+    const int capacity = policy->layer_budget(0, shape).capacity;
+    for (int i = 0; i < shape.length; ++i)
+      for (int h = 0; h < shape.n_kv_heads; ++h) {
+        INFO(name << " step " << i << " head " << h);
+        REQUIRE(trace.visible[i][h] <= budget_tokens);
+        REQUIRE(static_cast<int>(trace.positions[i][h].size()) <= capacity);
+      }
+  }
+  // With the period given, the visible slots are exactly the pattern's (stride 4).
+  PolicyOptions o;
+  o.params.set("stride", 4);
+  auto strided = make_policy("sparse-strided", o);
+  const Trace trace = drive(*strided, 0, make_shape(30, 1, 2, 2), 9);
+  for (int i = 0; i < 30; ++i) {
+    int expected = 0;
+    for (int j = 0; j < i; ++j) expected += (i - j < 4 || (i - j) % 4 == 0);
+    INFO("step " << i);
+    CHECK(trace.visible[i][0] == expected);
+    CHECK(static_cast<int>(trace.positions[i][0].size()) == i + 1);  // strided never drops a key
+  }
+  o.params.set("summary", 2);
+  auto fixed = make_policy("sparse-fixed", o);
+  const Trace fixed_trace = drive(*fixed, 0, make_shape(30, 1, 2, 2), 9);
+  for (int i = 0; i < 30; ++i) {
+    int expected = 0;
+    for (int j = 0; j < i; ++j) expected += (j / 4 == i / 4 || j % 4 >= 2);
+    std::vector<int> needed;  // keys a query after i attends: summaries, and the next query's block
+    for (int j = 0; j <= i; ++j)
+      if (j % 4 >= 2 || j / 4 == (i + 1) / 4) needed.push_back(j);
+    INFO("step " << i);
+    CHECK(fixed_trace.visible[i][0] == expected);
+    CHECK(fixed_trace.positions[i][0] == needed);
+  }
+}
+
+TEST_CASE("the mean layer budget equals the budget for every policy", "[policies][units]") {
+  for (int layers : {1, 5, 12}) {
+    const SequenceShape shape = make_shape(200, layers, 8, 4);
+    for (const std::string& name : policy_names()) {
+      auto policy = make_policy(name, ratio_options(0.2));
+      if (policy->keeps_everything() || is_pattern(name)) continue;
+      long total = 0;
+      for (int l = 0; l < layers; ++l) total += policy->layer_budget(l, shape).capacity;
+      INFO(name << " layers " << layers);
+      CHECK(total == 40L * layers);  // int(0.2 * 200) tokens per layer on average
+    }
+  }
+  // PyramidKV's layers really differ (the schedule is not flat) and the largest is at the bottom.
+  auto pyramid = make_policy("pyramidkv", ratio_options(0.2));
+  const SequenceShape five = make_shape(200, 5, 8, 4);
+  CHECK(pyramid->layer_budget(0, five).capacity > pyramid->layer_budget(4, five).capacity);
+}
+
+TEST_CASE("every policy is deterministic", "[policies][units]") {
+  const SequenceShape shape = make_shape(70, 2, 4, 2);
+  for (const std::string& name : policy_names()) {
+    auto policy = make_policy(name, ratio_options(0.3));
+    INFO(name);
+    if (policy->realisable()) {
+      const Trace a = drive(*policy, 1, shape, 21);
+      const Trace b = drive(*make_policy(name, ratio_options(0.3)), 1, shape, 21);
+      CHECK(a.positions == b.positions);
+      CHECK(a.visible == b.visible);
+    } else {
+      const int T = 50;
+      std::vector<float> logits(static_cast<size_t>(2) * T * T);
+      for (size_t x = 0; x < logits.size(); ++x) logits[x] = 4 * noise(2, x, 0);
+      std::vector<float> p1(logits.size(), 0.0f), p2(logits.size(), 0.0f);
+      const SequenceShape sim = make_shape(T, 1, 2, 2);
+      policy->as_sim_only()->simulate_layer(0, sim, T, logits.data(), p1.data());
+      make_policy(name, ratio_options(0.3))->as_sim_only()->simulate_layer(0, sim, T, logits.data(), p2.data());
+      CHECK(p1 == p2);
+    }
+  }
+  // The random policy's seed matters.
+  PolicyOptions seeded = ratio_options(0.3);
+  seeded.params.set("seed", 7);
+  CHECK(drive(*make_policy("random", seeded), 0, shape, 21).positions !=
+        drive(*make_policy("random", ratio_options(0.3)), 0, shape, 21).positions);
+}
+
+TEST_CASE("a KV head aggregates its query group's attention (GQA), by mean or max", "[policies][units]") {
+  // Running 4 query heads over 2 KV heads must equal running 2 query heads whose
+  // attention is already the group's mean (or max).
+  const int n_q = 4, n_kv = 2, group = 2, seed = 17;
+  const SequenceShape gqa = make_shape(80, 1, n_q, n_kv);
+  const SequenceShape reduced = make_shape(80, 1, n_kv, n_kv);
+  for (const std::string reduce : {"mean", "max"}) {
+    const auto aggregated = [&](const LayerState& state, int step) {
+      const auto full = attention_rows(state, n_q, group, step, seed);
+      const int n = state.size();
+      std::vector<float> out(static_cast<size_t>(n_kv) * n, 0.0f);
+      for (int kv = 0; kv < n_kv; ++kv)
+        for (int s = 0; s < n; ++s) {
+          float acc = 0;
+          for (int j = 0; j < group; ++j) {
+            const float v = full[static_cast<size_t>(kv * group + j) * n + s];
+            acc = reduce == "max" ? std::max(acc, v) : acc + v;
+          }
+          out[static_cast<size_t>(kv) * n + s] = reduce == "max" ? acc : acc / group;
+        }
+      return out;
+    };
+    for (const std::string& name : policy_names()) {
+      PolicyOptions o = ratio_options(0.2);
+      o.params.set("group_reduce", reduce);
+      auto policy = make_policy(name, o);
+      if (!policy->realisable()) continue;
+      const Trace expected = drive(*policy, 0, reduced, seed, aggregated);
+      const Trace got = drive(*policy, 0, gqa, seed);
+      INFO(name << " group_reduce " << reduce);
+      CHECK(got.positions == expected.positions);
+    }
+  }
+  // The aggregation is not a no-op on this data: the attention scorers keep different
+  // tokens under mean and max.
+  PolicyOptions mean = ratio_options(0.2), max = ratio_options(0.2);
+  max.params.set("group_reduce", "max");
+  for (const std::string name : {"tova", "snapkv", "scissorhands"}) {
+    INFO(name);
+    CHECK(drive(*make_policy(name, mean), 0, gqa, seed).positions !=
+          drive(*make_policy(name, max), 0, gqa, seed).positions);
+  }
+}
+
+TEST_CASE("sim-only policies mask each row to heavy hitters plus the recent band", "[policies][units]") {
+  const int T = 60, n_q = 2;
+  std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
+  for (size_t x = 0; x < logits.size(); ++x) logits[x] = 3 * noise(4, x, 1);
+  const SequenceShape shape = make_shape(T, 3, n_q, n_q);
+  for (const std::string& name : policy_names()) {
+    auto policy = make_policy(name, ratio_options(0.2));
+    if (policy->realisable()) continue;
+    const Budget budget = policy->layer_budget(0, shape);
+    CHECK(budget.capacity == 12);  // int(0.1 * 60) heavy + int(0.1 * 60) recent, the paper's split
+    CHECK(budget.recent == 6);
+    for (int l = 1; l < shape.n_layers; ++l) CHECK(policy->layer_budget(l, shape).capacity == budget.capacity);
+    std::vector<float> probs(logits.size(), 0.0f);
+    policy->as_sim_only()->simulate_layer(0, shape, T, logits.data(), probs.data());
+    for (int h = 0; h < n_q; ++h)
+      for (int i = 0; i < T; ++i) {
+        const float* row = probs.data() + (static_cast<size_t>(h) * T + i) * T;
+        int kept = 0;
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          kept += row[j] > 0;
+          sum += row[j];
+        }
+        INFO(name << " head " << h << " row " << i);
+        CHECK(std::abs(sum - 1.0) < 1e-5);
+        CHECK(kept <= budget.capacity + 1);  // heavy + recent band + itself
+        for (int j = std::max(0, i - budget.recent); j <= i; ++j) CHECK(row[j] > 0);
+        for (int j = i + 1; j < T; ++j) CHECK(row[j] == 0);
+      }
+  }
+}
+
+TEST_CASE("policy parameters are declared once and checked against their range", "[policies][params]") {
+  const auto error_of = [](const std::string& key, const std::string& value) {
+    try {
+      PolicyParams params;
+      params.set(key, value);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of("kernel", "4"), Catch::Contains("kernel") && Catch::Contains("odd"));
+  CHECK_THAT(error_of("kernel", "0"), Catch::Contains("kernel"));
+  CHECK_THAT(error_of("n_sink", "-1"), Catch::Contains("n_sink"));
+  CHECK_THAT(error_of("window", "0"), Catch::Contains("window"));
+  CHECK_THAT(error_of("pooling", "median"), Catch::Contains("one of avg, max"));
+  CHECK_THAT(error_of("group_reduce", "sum"), Catch::Contains("one of mean, max"));
+  CHECK_THAT(error_of("stride", "0"), Catch::Contains("stride"));
+  CHECK_THAT(error_of("pyramid_beta", "0.5"), Catch::Contains("pyramid_beta"));
+  CHECK_THAT(error_of("window", "2.5"), Catch::Contains("integer"));
+  CHECK_THAT(error_of("seed", "-3"), Catch::Contains("unsigned"));
+  CHECK_THAT(error_of("nope", "1"), Catch::Contains("unknown policy parameter \"nope\""));
+  CHECK(error_of("stride", "-1").empty());  // -1: the period comes from the budget
+  CHECK(error_of("kernel", "7").empty());
+  CHECK(error_of("pyramid_beta", "2.5").empty());
+  // A policy lists what it reads; a composition reads both parts'.
+  auto names_of = [](const std::string& policy) {
+    std::set<std::string> keys;
+    for (const ParamSpec* p : make_policy(policy, {})->parameters()) keys.insert(p->key());
+    return keys;
+  };
+  CHECK(names_of("pyramidkv") == std::set<std::string>{"group_reduce", "window", "kernel", "pooling", "pyramid_beta"});
+  CHECK(names_of("full").empty());
+  CHECK(names_of("random+sparse-fixed") == std::set<std::string>{"group_reduce", "seed", "stride", "summary"});
+  // pyramid_beta reaches the policy.
+  PolicyOptions steep = ratio_options(0.2), flat = ratio_options(0.2);
+  steep.params.set("pyramid_beta", 20.0);
+  flat.params.set("pyramid_beta", 1.0);
+  const SequenceShape five = make_shape(200, 5, 8, 4);
+  CHECK(make_policy("pyramidkv", steep)->layer_budget(4, five).capacity <
+        make_policy("pyramidkv", flat)->layer_budget(4, five).capacity);
+}
