@@ -51,7 +51,7 @@ void check_policy_options(const PolicyOptions& o) {
     throw Error("--group-reduce \"" + o.group_reduce + "\" is not mean or max");
   if (!(o.pyramid_beta >= 1 && std::isfinite(o.pyramid_beta)))
     throw Error("pyramid beta " + number(o.pyramid_beta) + " must be a finite number >= 1");
-  check_at_least("--summary", o.summary, 1);
+  check_at_least("--summary", o.summary, 0);
 }
 
 }  // namespace kvevict
