@@ -11,6 +11,7 @@
 #include <set>
 
 #include "harness/common/errors.h"
+#include "harness/common/text.h"
 
 namespace kvevict {
 
@@ -21,10 +22,13 @@ using Fields = std::map<std::string, std::string>;
 // Settings that may vary inside one figure; when one does, it splits the lines and
 // appears in the legend. heavy_ratio / recent_ratio are left out: they follow from
 // budget x heavy_share and would split a budget sweep into single points.
-const std::vector<std::string> kBudgetSplitColumns = {"model", "protocol", "mode",  "score", "pipeline",
-                                                      "shots", "limit",    "seed",  "heavy_share"};
 const std::vector<std::string> kAblationSplitColumns = {"model", "protocol", "mode", "score", "pipeline",
                                                         "shots", "limit",    "seed"};
+const std::vector<std::string> kBudgetSplitColumns = [] {
+  auto columns = kAblationSplitColumns;  // the ablation's x axis is the heavy share
+  columns.push_back("heavy_share");
+  return columns;
+}();
 
 struct TaskMetricGroup {
   std::string task;
@@ -133,6 +137,9 @@ class SeriesCollector {
 };
 
 }  // namespace
+
+const std::vector<std::string>& budget_split_columns() { return kBudgetSplitColumns; }
+const std::vector<std::string>& ablation_split_columns() { return kAblationSplitColumns; }
 
 std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows) {
   std::vector<PlotSpec> plots;
@@ -276,27 +283,24 @@ std::string x_axis_title(const PlotSpec& plot) {
   return "heavy-hitter share of the budget";
 }
 
-std::string sanitise_file_part(const std::string& text) {
-  std::string clean;
-  for (char c : text) {
-    bool safe = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-    clean += safe ? c : '_';
-  }
-  // A leading dot would hide the file; ".." would climb out of out_dir.
-  while (!clean.empty() && clean.front() == '.') clean.front() = '_';
-  return clean.empty() ? "unnamed" : clean;
-}
+// Where one figure's parts go, in pixels: the plot area, the legend to its right, and the
+// axes that map data onto them.
+struct Layout {
+  double left = 72, top = 44, plot_width = 480, plot_height = 300;
+  double right = left + plot_width, bottom = top + plot_height;
+  double legend_left = right + 20;
+  double width = 0, height = bottom + 56;
+  Axis x_axis, y_axis;
+  double px(double x) const { return x_axis.to_pixel(x, left, right); }
+  double py(double y) const { return y_axis.to_pixel(y, bottom, top); }
+};
 
-}  // namespace
-
-std::string render_svg(const PlotSpec& plot) {
-  const double left = 72, top = 44, plot_width = 480, plot_height = 300;
-  const double right = left + plot_width, bottom = top + plot_height;
-
+// Axes that fit every point and error bar (a reference line spans the x range instead),
+// and a width that fits the longest legend label.
+Layout layout_for(const PlotSpec& plot) {
+  Layout layout;
   double x_low = INFINITY, x_high = -INFINITY, y_low = INFINITY, y_high = -INFINITY;
-  std::size_t longest_label = 0;
   for (const auto& series : plot.series) {
-    longest_label = std::max(longest_label, series.label.size());
     for (const auto& point : series.points) {
       double error = point.error && std::isfinite(*point.error) ? *point.error : 0;
       y_low = std::min(y_low, point.y - error);
@@ -308,14 +312,19 @@ std::string render_svg(const PlotSpec& plot) {
   }
   if (!std::isfinite(x_low)) x_low = x_high = 0;
   if (!std::isfinite(y_low)) y_low = y_high = 0;
-  const Axis x_axis = nice_axis(x_low, x_high), y_axis = nice_axis(y_low, y_high);
+  layout.x_axis = nice_axis(x_low, x_high);
+  layout.y_axis = nice_axis(y_low, y_high);
 
-  const double legend_left = right + 20;
-  const double width = legend_left + 40 + 6.5 * static_cast<double>(longest_label) + 10;
-  const double height = bottom + 56;
-  auto px = [&](double x) { return x_axis.to_pixel(x, left, right); };
-  auto py = [&](double y) { return y_axis.to_pixel(y, bottom, top); };
+  std::size_t longest_label = 0;
+  for (const auto& series : plot.series) longest_label = std::max(longest_label, series.label.size());
+  layout.width = layout.legend_left + 40 + 6.5 * static_cast<double>(longest_label) + 10;
+  return layout;
+}
 
+// The document's start: size, background and title.
+std::string svg_header(const PlotSpec& plot, const Layout& layout) {
+  const double left = layout.left, plot_width = layout.plot_width;
+  const double width = layout.width, height = layout.height;
   std::string svg;
   svg += "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + coordinate(width) +
@@ -329,8 +338,18 @@ std::string render_svg(const PlotSpec& plot) {
   svg += "<text x=\"" + coordinate(left + plot_width / 2) +
          "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
          "</text>\n";
+  return svg;
+}
 
-  // Grid, ticks and tick labels.
+// Grid, ticks, tick labels, the frame and the axis titles.
+std::string svg_axes(const PlotSpec& plot, const Layout& layout) {
+  const double left = layout.left, top = layout.top, right = layout.right, bottom = layout.bottom;
+  const double plot_width = layout.plot_width, plot_height = layout.plot_height;
+  auto px = [&](double x) { return layout.px(x); };
+  auto py = [&](double y) { return layout.py(y); };
+  const Axis& x_axis = layout.x_axis;
+  const Axis& y_axis = layout.y_axis;
+  std::string svg;
   svg += "<g stroke=\"#dddddd\" stroke-width=\"1\">\n";
   for (double tick : x_axis.ticks)
     svg += "<line x1=\"" + coordinate(px(tick)) + "\" y1=\"" + coordinate(top) + "\" x2=\"" +
@@ -363,55 +382,77 @@ std::string render_svg(const PlotSpec& plot) {
          ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">" +
          xml_escape(plot.y_title.empty() ? plot.metric : plot.y_title) +
          "</text>\n";
+  return svg;
+}
 
-  // One line (or dashed baseline) per series, then its legend entry.
-  for (std::size_t i = 0; i < plot.series.size(); ++i) {
-    const PlotSeries& series = plot.series[i];
-    const std::size_t palette_index = series.colour >= 0 ? static_cast<std::size_t>(series.colour) : i;
-    const std::string colour = kPalette[palette_index % (sizeof kPalette / sizeof kPalette[0])];
-    svg += "<g stroke=\"" + colour + "\" fill=\"" + colour + "\">\n";
-    if (series.reference) {
-      double y = py(series.points.front().y);
-      svg += "<line x1=\"" + coordinate(left) + "\" y1=\"" + coordinate(y) + "\" x2=\"" +
-             coordinate(right) + "\" y2=\"" + coordinate(y) +
-             "\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n";
-    } else {
-      std::string points;
-      for (const auto& point : series.points)
-        points += (points.empty() ? "" : " ") + coordinate(px(point.x)) + "," +
-                  coordinate(py(point.y));
-      svg += "<polyline fill=\"none\" stroke-width=\"1.8\"" +
-             (series.dashed ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) + " points=\"" + points +
-             "\"/>\n";
-      for (const auto& point : series.points) {
-        if (!series.markers) break;
-        if (point.error && std::isfinite(*point.error) && *point.error > 0) {
-          double x = px(point.x), y_top = py(point.y + *point.error),
-                 y_bottom = py(point.y - *point.error);
-          svg += "<path fill=\"none\" stroke-width=\"1\" d=\"M" + coordinate(x) + " " +
-                 coordinate(y_top) + "V" + coordinate(y_bottom) + "M" + coordinate(x - 3) +
-                 " " + coordinate(y_top) + "H" + coordinate(x + 3) + "M" + coordinate(x - 3) +
-                 " " + coordinate(y_bottom) + "H" + coordinate(x + 3) + "\"/>\n";
-        }
-        svg += "<circle cx=\"" + coordinate(px(point.x)) + "\" cy=\"" + coordinate(py(point.y)) +
-               "\" r=\"3.5\"/>\n";
+// One line (or dashed baseline) with its markers and error bars, then its legend entry.
+std::string svg_series(const PlotSpec& plot, std::size_t i, const Layout& layout) {
+  const double left = layout.left, top = layout.top, right = layout.right;
+  auto px = [&](double x) { return layout.px(x); };
+  auto py = [&](double y) { return layout.py(y); };
+  const double legend_left = layout.legend_left;
+  std::string svg;
+  const PlotSeries& series = plot.series[i];
+  const std::size_t palette_index = series.colour >= 0 ? static_cast<std::size_t>(series.colour) : i;
+  const std::string colour = kPalette[palette_index % (sizeof kPalette / sizeof kPalette[0])];
+  svg += "<g stroke=\"" + colour + "\" fill=\"" + colour + "\">\n";
+  if (series.reference) {
+    double y = py(series.points.front().y);
+    svg += "<line x1=\"" + coordinate(left) + "\" y1=\"" + coordinate(y) + "\" x2=\"" +
+           coordinate(right) + "\" y2=\"" + coordinate(y) +
+           "\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n";
+  } else {
+    std::string points;
+    for (const auto& point : series.points)
+      points += (points.empty() ? "" : " ") + coordinate(px(point.x)) + "," +
+                coordinate(py(point.y));
+    svg += "<polyline fill=\"none\" stroke-width=\"1.8\"" +
+           (series.dashed ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) + " points=\"" + points +
+           "\"/>\n";
+    for (const auto& point : series.points) {
+      if (!series.markers) break;
+      if (point.error && std::isfinite(*point.error) && *point.error > 0) {
+        double x = px(point.x), y_top = py(point.y + *point.error),
+               y_bottom = py(point.y - *point.error);
+        svg += "<path fill=\"none\" stroke-width=\"1\" d=\"M" + coordinate(x) + " " +
+               coordinate(y_top) + "V" + coordinate(y_bottom) + "M" + coordinate(x - 3) +
+               " " + coordinate(y_top) + "H" + coordinate(x + 3) + "M" + coordinate(x - 3) +
+               " " + coordinate(y_bottom) + "H" + coordinate(x + 3) + "\"/>\n";
       }
+      svg += "<circle cx=\"" + coordinate(px(point.x)) + "\" cy=\"" + coordinate(py(point.y)) +
+             "\" r=\"3.5\"/>\n";
     }
-    double legend_y = top + 8 + 18 * static_cast<double>(i);
-    svg += "<line x1=\"" + coordinate(legend_left) + "\" y1=\"" + coordinate(legend_y) +
-           "\" x2=\"" + coordinate(legend_left + 24) + "\" y2=\"" + coordinate(legend_y) +
-           "\" stroke-width=\"1.8\"" +
-           (series.reference || series.dashed ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) +
-           "/>\n";
-    if (!series.reference && series.markers)
-      svg += "<circle cx=\"" + coordinate(legend_left + 12) + "\" cy=\"" +
-             coordinate(legend_y) + "\" r=\"3.5\"/>\n";
-    svg += "<text x=\"" + coordinate(legend_left + 32) + "\" y=\"" + coordinate(legend_y + 4) +
-           "\" stroke=\"none\" fill=\"#333333\">" + xml_escape(series.label) + "</text>\n";
-    svg += "</g>\n";
   }
+  double legend_y = top + 8 + 18 * static_cast<double>(i);
+  svg += "<line x1=\"" + coordinate(legend_left) + "\" y1=\"" + coordinate(legend_y) +
+         "\" x2=\"" + coordinate(legend_left + 24) + "\" y2=\"" + coordinate(legend_y) +
+         "\" stroke-width=\"1.8\"" +
+         (series.reference || series.dashed ? std::string(" stroke-dasharray=\"6 4\"") : std::string()) +
+         "/>\n";
+  if (!series.reference && series.markers)
+    svg += "<circle cx=\"" + coordinate(legend_left + 12) + "\" cy=\"" +
+           coordinate(legend_y) + "\" r=\"3.5\"/>\n";
+  svg += "<text x=\"" + coordinate(legend_left + 32) + "\" y=\"" + coordinate(legend_y + 4) +
+         "\" stroke=\"none\" fill=\"#333333\">" + xml_escape(series.label) + "</text>\n";
+  svg += "</g>\n";
+  return svg;
+}
+
+}  // namespace
+
+std::string render_svg(const PlotSpec& plot) {
+  const Layout layout = layout_for(plot);
+  std::string svg = svg_header(plot, layout) + svg_axes(plot, layout);
+  for (std::size_t i = 0; i < plot.series.size(); ++i) svg += svg_series(plot, i, layout);
   svg += "</svg>\n";
   return svg;
+}
+
+void write_svg(const PlotSpec& plot, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << render_svg(plot);
+  out.close();
+  if (!out) throw Error(path + ": cannot write SVG plot");
 }
 
 std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
@@ -426,17 +467,14 @@ std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
   std::vector<std::string> paths;
   std::set<std::string> used_names;
   for (const auto& plot : plots) {
-    std::string stem = sanitise_file_part(plot.task) + "_" + sanitise_file_part(plot.metric) +
+    std::string stem = file_name_part(plot.task) + "_" + file_name_part(plot.metric) +
                        "_" + plot.kind;
     // Different task names can sanitise to the same text; never overwrite a plot.
     std::string name = stem + ".svg";
     for (int suffix = 2; !used_names.insert(name).second; ++suffix)
       name = stem + "_" + std::to_string(suffix) + ".svg";
     std::string path = (std::filesystem::path(out_dir) / name).string();
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << render_svg(plot);
-    out.close();
-    if (!out) throw Error(path + ": cannot write SVG plot");
+    write_svg(plot, path);
     paths.push_back(path);
   }
   return paths;

@@ -45,8 +45,15 @@ struct PlotSpec {
 std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows);
 std::vector<PlotSpec> heavy_share_plots(const std::vector<ResultRow>& rows);
 
+// The settings that split a figure's lines when they vary inside it (in legend order);
+// the notebook draws with the same lists.
+const std::vector<std::string>& budget_split_columns();
+const std::vector<std::string>& ablation_split_columns();
+
 // The SVG document for one plot.
 std::string render_svg(const PlotSpec& plot);
+// Writes render_svg(plot) to path; throws kvevict::Error naming the path when it cannot.
+void write_svg(const PlotSpec& plot, const std::string& path);
 
 // Writes every budget and heavy-share plot into out_dir (created if missing) as
 // "<task>_<metric>_budget.svg" / "<task>_<metric>_heavy_share.svg" (names sanitised to

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/common/errors.h"
+#include "harness/common/utf8.h"
 
 namespace kvevict {
 namespace {
@@ -27,65 +28,35 @@ std::optional<Text> decode_utf8(const Bytes& bytes, bool variants) {
   Text out;
   const size_t n = bytes.size();
   auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
-  auto cont = [&](size_t i) { return i < n && (byte(i) & 0xC0) == 0x80; };
+  auto in_range = [&](size_t i, unsigned char low, unsigned char high) {
+    return i < n && byte(i) >= low && byte(i) <= high;
+  };
   for (size_t i = 0; i < n;) {
-    const unsigned char b = byte(i);
-    if (b < 0x80) {
-      out.push_back(b);
-      ++i;
-    } else if (variants && b == 0xC0 && i + 1 < n && byte(i + 1) == 0x80) {
+    if (variants && byte(i) == 0xC0 && in_range(i + 1, 0x80, 0x80)) {
       out.push_back(0);
       i += 2;
-    } else if (b >= 0xC2 && b <= 0xDF && cont(i + 1)) {
-      out.push_back(((b & 0x1F) << 6) | (byte(i + 1) & 0x3F));
-      i += 2;
-    } else if (b >= 0xE0 && b <= 0xEF && cont(i + 1) && cont(i + 2)) {
-      const char32_t c = ((b & 0x0F) << 12) | ((byte(i + 1) & 0x3F) << 6) | (byte(i + 2) & 0x3F);
-      if (c < 0x800) return std::nullopt;
-      if (c >= 0xD800 && c <= 0xDBFF && variants && i + 5 < n + 0 && byte(i + 3) == 0xED &&
-          cont(i + 4) && cont(i + 5)) {
-        const char32_t low = ((byte(i + 4) & 0x3F) << 6 | (byte(i + 5) & 0x3F)) | 0xD000;
-        if (low >= 0xDC00 && low <= 0xDFFF) {
-          out.push_back(0x10000 + ((c - 0xD800) << 10) + (low - 0xDC00));
-          i += 6;
-          continue;
-        }
-      }
-      if (c >= 0xD800 && c <= 0xDFFF) return std::nullopt;
-      out.push_back(c);
-      i += 3;
-    } else if (b >= 0xF0 && b <= 0xF4 && cont(i + 1) && cont(i + 2) && cont(i + 3)) {
-      const char32_t c = ((b & 0x07) << 18) | ((byte(i + 1) & 0x3F) << 12) |
-                         ((byte(i + 2) & 0x3F) << 6) | (byte(i + 3) & 0x3F);
-      if (c < 0x10000 || c > 0x10FFFF) return std::nullopt;
-      out.push_back(c);
-      i += 4;
-    } else {
-      return std::nullopt;
+      continue;
     }
+    // A CESU-8 pair: ED A0-AF xx (high surrogate), ED B0-BF xx (low surrogate).
+    if (variants && byte(i) == 0xED && in_range(i + 1, 0xA0, 0xAF) && in_range(i + 2, 0x80, 0xBF) &&
+        in_range(i + 3, 0xED, 0xED) && in_range(i + 4, 0xB0, 0xBF) && in_range(i + 5, 0x80, 0xBF)) {
+      const char32_t high = 0xD000 | (byte(i + 1) & 0x3F) << 6 | (byte(i + 2) & 0x3F);
+      const char32_t low = 0xD000 | (byte(i + 4) & 0x3F) << 6 | (byte(i + 5) & 0x3F);
+      out.push_back(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00));
+      i += 6;
+      continue;
+    }
+    const Utf8Char next = decode_utf8_at(bytes, i);
+    if (!next.valid) return std::nullopt;
+    out.push_back(next.value);
+    i += next.length;
   }
   return out;
 }
 
 std::string encode_utf8(const Text& text) {
   std::string out;
-  for (char32_t c : text) {
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-  }
+  for (char32_t c : text) append_utf8(out, c);
   return out;
 }
 

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "harness/common/text.h"
+
 namespace kvevict {
 namespace {
 
@@ -19,11 +21,6 @@ struct SuffixRule {
   std::string_view replacement;
   StemCondition condition;  // nullptr: unconditional
 };
-
-bool ends_with(const std::string& word, std::string_view suffix) {
-  return word.size() >= suffix.size() &&
-         std::string_view(word).substr(word.size() - suffix.size()) == suffix;
-}
 
 bool is_vowel_letter(char c) { return c == 'a' || c == 'e' || c == 'i' || c == 'o' || c == 'u'; }
 

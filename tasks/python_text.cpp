@@ -1,5 +1,7 @@
 #include "tasks/python_text.h"
 
+#include "harness/common/utf8.h"
+
 namespace kvevict {
 namespace {
 
@@ -8,23 +10,9 @@ bool is_continuation_byte(unsigned char c) { return (c & 0xC0) == 0x80; }
 // Decodes the code point starting at s[i]; returns its byte length in `len`.
 // Malformed bytes decode as themselves (one byte), which no whitespace test matches.
 char32_t decode_at(const std::string& s, size_t i, size_t& len) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
-  if (extra < 0 || i + extra >= s.size()) {
-    len = 1;
-    return c;
-  }
-  char32_t cp = extra == 0 ? c : c & (0x3F >> extra);
-  for (int k = 1; k <= extra; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if (!is_continuation_byte(b)) {
-      len = 1;
-      return c;
-    }
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  len = extra + 1;
-  return cp;
+  const Utf8Char c = decode_utf8_at(s, i);
+  len = c.valid ? c.length : 1;
+  return c.valid ? c.value : static_cast<unsigned char>(s[i]);
 }
 
 // str.isspace(): Unicode categories Zs plus bidi classes WS, B and S.

@@ -445,10 +445,7 @@ std::vector<std::string> AttentionAnalysis::write_plots(const AnalyzeOptions&, c
   std::vector<std::string> paths;
   for (const auto& [name, plot] : plots) {
     const std::string path = (std::filesystem::path(dir) / name).string();
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << render_svg(plot);
-    out.close();
-    if (!out) throw Error(path + ": cannot write SVG plot");
+    write_svg(plot, path);
     paths.push_back(path);
   }
   return paths;

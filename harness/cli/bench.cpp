@@ -18,6 +18,7 @@
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 
@@ -25,9 +26,6 @@ namespace kvevict {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Best of `repeat` runs of fn, in seconds.
 template <typename Fn>

@@ -11,17 +11,10 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
 
 namespace kvevict {
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
 int run_generate(const GenerateArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
   auto policy = args.policy.make();

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
@@ -12,19 +13,14 @@
 
 namespace kvevict {
 
-Protocol parse_protocol(const std::string& name) {
-  if (name == "stream") return Protocol::Stream;
-  if (name == "prefill-compress") return Protocol::PrefillCompress;
-  throw Error("unknown protocol \"" + name + "\" (use stream or prefill-compress)");
-}
-std::string protocol_name(Protocol p) { return p == Protocol::Stream ? "stream" : "prefill-compress"; }
+const EnumName<Protocol> kProtocolNames[] = {{Protocol::Stream, "stream"},
+                                             {Protocol::PrefillCompress, "prefill-compress"}};
+Protocol parse_protocol(const std::string& name) { return parse_enum(kProtocolNames, "protocol", name); }
+std::string protocol_name(Protocol p) { return enum_name(kProtocolNames, p); }
 
-ScoreMode parse_score_mode(const std::string& name) {
-  if (name == "sum") return ScoreMode::Sum;
-  if (name == "mean") return ScoreMode::Mean;
-  throw Error("unknown score \"" + name + "\" (use sum or mean)");
-}
-std::string score_mode_name(ScoreMode m) { return m == ScoreMode::Sum ? "sum" : "mean"; }
+const EnumName<ScoreMode> kScoreModeNames[] = {{ScoreMode::Sum, "sum"}, {ScoreMode::Mean, "mean"}};
+ScoreMode parse_score_mode(const std::string& name) { return parse_enum(kScoreModeNames, "score", name); }
+std::string score_mode_name(ScoreMode m) { return enum_name(kScoreModeNames, m); }
 
 namespace {
 

@@ -2,18 +2,17 @@
 
 #include <algorithm>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
 #include "tasks/ftfy.h"
 
 namespace kvevict {
 
-Pipeline parse_pipeline(const std::string& name) {
-  if (name == "lm-eval") return Pipeline::LmEval;
-  if (name == "h2o") return Pipeline::H2O;
-  throw Error("unknown pipeline \"" + name + "\" (use lm-eval or h2o)");
-}
+const EnumName<Pipeline> kPipelineNames[] = {{Pipeline::LmEval, "lm-eval"}, {Pipeline::H2O, "h2o"}};
 
-std::string pipeline_name(Pipeline pipeline) { return pipeline == Pipeline::H2O ? "h2o" : "lm-eval"; }
+Pipeline parse_pipeline(const std::string& name) { return parse_enum(kPipelineNames, "pipeline", name); }
+
+std::string pipeline_name(Pipeline pipeline) { return enum_name(kPipelineNames, pipeline); }
 
 H2OScoredRequest score_h2o_request(const Model& model, const Policy& policy, Mode mode,
                                    const LoglikelihoodRequest& request) {

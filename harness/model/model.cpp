@@ -5,32 +5,23 @@
 #include <fstream>
 #include <set>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/text.h"
 #include "harness/model/rope.h"
 
 namespace kvevict {
 namespace {
 
-std::string shape_string(c10::IntArrayRef shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+const EnumName<torch::ScalarType> kDtypeNames[] = {
+    {torch::kFloat32, "float32"},  {torch::kFloat32, "fp32"},  {torch::kBFloat16, "bfloat16"},
+    {torch::kBFloat16, "bf16"},    {torch::kFloat16, "float16"}, {torch::kFloat16, "fp16"},
+    {torch::kFloat64, "float64"},  {torch::kFloat64, "fp64"}};  // float64: reference checks
 
 }  // namespace
 
-torch::ScalarType parse_dtype(const std::string& name) {
-  if (name == "float32" || name == "fp32") return torch::kFloat32;
-  if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
-  if (name == "float16" || name == "fp16") return torch::kFloat16;
-  if (name == "float64" || name == "fp64") return torch::kFloat64;  // reference checks
-  throw Error("unknown dtype \"" + name + "\" (use float32, bfloat16, float16 or float64)");
-}
+torch::ScalarType parse_dtype(const std::string& name) { return parse_enum(kDtypeNames, "dtype", name); }
 
 torch::Device parse_device(const std::string& name) {
   if (name == "cpu") return torch::kCPU;
@@ -97,8 +88,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (model->tokenizer_ && model->tokenizer_->vocab_size() > arch.vocab)
     throw Error(dir + ": the tokenizer has " + std::to_string(model->tokenizer_->vocab_size()) +
                 " tokens but config.json vocab_size is " + std::to_string(arch.vocab));
-  model->load_seconds_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  model->load_seconds_ = seconds_since(started);
   return model;
 }
 

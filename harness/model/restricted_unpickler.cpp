@@ -129,6 +129,8 @@ class Reader {
   ValuePtr persistent_load(const ValuePtr& pid);
   void set_items(const ValuePtr& dict, const std::vector<ValuePtr>& kv);
   static std::vector<int64_t> int_tuple(const ValuePtr& v, bool* ok);
+  ValuePtr read_literal();
+  [[noreturn]] void refuse_opcode() const;
 
   const uint8_t* data_;
   size_t size_, pos_;
@@ -235,6 +237,62 @@ void Reader::set_items(const ValuePtr& dict, const std::vector<ValuePtr>& kv) {
   }
 }
 
+// A value written inline after its opcode: a bool, an int (BININT, BININT1, BININT2,
+// LONG1), a BINFLOAT or a string (BINUNICODE, SHORT_BINUNICODE, BINUNICODE8).
+ValuePtr Reader::read_literal() {
+  switch (op_) {
+    case 0x88: case 0x89: {
+      auto v = make(Kind::Bool);
+      v->boolean = op_ == 0x88;
+      return v;
+    }
+    case 'J': case 'K': case 'M': {
+      auto v = make(Kind::Int);
+      if (op_ == 'J') v->integer = static_cast<int32_t>(little(4));
+      else v->integer = static_cast<int64_t>(little(op_ == 'K' ? 1 : 2));
+      return v;
+    }
+    case 0x8a: {  // LONG1: a signed little-endian integer of n bytes
+      size_t n = *take(1);
+      const uint8_t* p = take(n);
+      if (n <= 8) {
+        uint64_t raw = 0;
+        for (size_t i = n; i-- > 0;) raw = (raw << 8) | p[i];
+        if (n > 0 && n < 8 && (p[n - 1] & 0x80)) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
+        auto v = make(Kind::Int);
+        v->integer = static_cast<int64_t>(raw);
+        return v;
+      } else {
+        auto v = make(Kind::BigInt);
+        v->text.assign(reinterpret_cast<const char*>(p), n);
+        return v;
+      }
+    }
+    case 'G': {  // BINFLOAT, big-endian
+      const uint8_t* p = take(8);
+      uint64_t bits = 0;
+      for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
+      auto v = make(Kind::Float);
+      std::memcpy(&v->real, &bits, 8);
+      return v;
+    }
+    default: {  // 'X', 0x8c, 0x8d
+      size_t n = static_cast<size_t>(little(op_ == 'X' ? 4 : op_ == 0x8c ? 1 : 8));
+      const uint8_t* p = take(n);
+      auto v = make(Kind::String);
+      v->text.assign(reinterpret_cast<const char*>(p), n);
+      return v;
+    }
+  }
+}
+
+[[noreturn]] void Reader::refuse_opcode() const {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "0x%02x", op_);
+  fail(std::string("opcode ") + opcode_name(op_) + " (" + hex +
+       ") is not allowed in a state dict; refusing the file (nothing was executed)");
+}
+
 Unpickled Reader::run() {
   while (true) {
     op_pos_ = pos_;
@@ -255,53 +313,9 @@ Unpickled Reader::run() {
       case ']': push(make(Kind::List)); break;
       case ')': push(make(Kind::Tuple)); break;
       case 'N': push(make(Kind::None)); break;
-      case 0x88: case 0x89: {
-        auto v = make(Kind::Bool);
-        v->boolean = op_ == 0x88;
-        push(v);
+      case 0x88: case 0x89: case 'J': case 'K': case 'M': case 0x8a: case 'G': case 'X': case 0x8c: case 0x8d:
+        push(read_literal());
         break;
-      }
-      case 'J': case 'K': case 'M': {
-        auto v = make(Kind::Int);
-        if (op_ == 'J') v->integer = static_cast<int32_t>(little(4));
-        else v->integer = static_cast<int64_t>(little(op_ == 'K' ? 1 : 2));
-        push(v);
-        break;
-      }
-      case 0x8a: {  // LONG1: a signed little-endian integer of n bytes
-        size_t n = *take(1);
-        const uint8_t* p = take(n);
-        if (n <= 8) {
-          uint64_t raw = 0;
-          for (size_t i = n; i-- > 0;) raw = (raw << 8) | p[i];
-          if (n > 0 && n < 8 && (p[n - 1] & 0x80)) raw |= ~uint64_t{0} << (8 * n);  // sign-extend
-          auto v = make(Kind::Int);
-          v->integer = static_cast<int64_t>(raw);
-          push(v);
-        } else {
-          auto v = make(Kind::BigInt);
-          v->text.assign(reinterpret_cast<const char*>(p), n);
-          push(v);
-        }
-        break;
-      }
-      case 'G': {  // BINFLOAT, big-endian
-        const uint8_t* p = take(8);
-        uint64_t bits = 0;
-        for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
-        auto v = make(Kind::Float);
-        std::memcpy(&v->real, &bits, 8);
-        push(v);
-        break;
-      }
-      case 'X': case 0x8c: case 0x8d: {
-        size_t n = static_cast<size_t>(little(op_ == 'X' ? 4 : op_ == 0x8c ? 1 : 8));
-        const uint8_t* p = take(n);
-        auto v = make(Kind::String);
-        v->text.assign(reinterpret_cast<const char*>(p), n);
-        push(v);
-        break;
-      }
       case 'c': {
         std::string module = line();
         std::string name = line();
@@ -368,12 +382,8 @@ Unpickled Reader::run() {
         top()->items.insert(top()->items.end(), values.begin(), values.end());
         break;
       }
-      default: {
-        char hex[8];
-        std::snprintf(hex, sizeof hex, "0x%02x", op_);
-        fail(std::string("opcode ") + opcode_name(op_) + " (" + hex +
-             ") is not allowed in a state dict; refusing the file (nothing was executed)");
-      }
+      default:
+        refuse_opcode();
     }
   }
 }

@@ -5,15 +5,10 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/text.h"
 
 namespace kvevict {
 namespace {
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 }  // namespace
 

@@ -2,17 +2,16 @@
 
 #include <random>
 
+#include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
 
 namespace kvevict {
 
-Mode parse_mode(const std::string& name) {
-  if (name == "sim") return Mode::Sim;
-  if (name == "decode") return Mode::Decode;
-  throw Error("unknown mode \"" + name + "\" (use sim or decode)");
-}
+const EnumName<Mode> kModeNames[] = {{Mode::Sim, "sim"}, {Mode::Decode, "decode"}};
 
-std::string mode_name(Mode mode) { return mode == Mode::Sim ? "sim" : "decode"; }
+Mode parse_mode(const std::string& name) { return parse_enum(kModeNames, "mode", name); }
+
+std::string mode_name(Mode mode) { return enum_name(kModeNames, mode); }
 
 SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   SequenceShape shape;

@@ -276,13 +276,12 @@ void check_folder_holds_this_sweep(const SweepFolder& folder, const json& config
 // The columns that vary across the cells (policy aside) label the table's rows, so
 // every (row, policy) has exactly one value per metric.
 std::string table_row_key(const SweepPlan& plan) {
-  static const std::set<std::string> not_keys = {"policy", "heavy_ratio", "recent_ratio", "version"};
   std::map<std::string, std::set<std::string>> values;
   for (const auto& cell : plan.cells)
     for (const auto& [column, value] : cell_identity(cell)) values[column].insert(value);
   std::string key = "task";
-  for (const auto& column : result_columns())
-    if (column != "task" && !not_keys.count(column) && values[column].size() > 1) key += "," + column;
+  for (const auto& column : result_columns(ColumnRole::setting))
+    if (column != "task" && column != "policy" && values[column].size() > 1) key += "," + column;
   return key + ",metric";
 }
 
@@ -551,41 +550,20 @@ std::string parse_job_id(const ProcessResult& r, const std::string& what) {
 
 // ---------------------------------------------------------------------------------
 
-int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::string& data_override) {
-  if (!args.shard.empty()) throw Error("--shard and --slurm do not go together: --slurm makes the shards (--shards N)");
-  json raw_config = read_json_file(args.config);
-  json config = raw_config;
-  if (!args.model.empty()) config["models"] = json::array({args.model});
-  if (args.limit != -2) config["limit"] = args.limit;
-  SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
-  // The model options every shard will use fail here rather than in every array task.
-  for (const char* key : {"device", "dtype"})
-    if (config.contains(key) && !config[key].is_string()) throw Error(args.config + ": key \"" + key + "\" must be a string");
-  parse_dtype(config.value("dtype", std::string("float32")));
-  SweepFolder folder;
-  folder.dir = fs::absolute(args.out).lexically_normal().string();
-  if (folder.dir.size() > 1 && folder.dir.back() == '/') folder.dir.pop_back();
-  // A folder keeps the split it was made with unless --shards says otherwise (and is refused).
-  SlurmArgs effective = slurm;
-  if (effective.shards == -1 && fs::exists(folder.record())) {
-    const json stored = read_json_file(folder.record());
-    if (stored.contains("shards") && stored["shards"].is_number_integer()) effective.shards = stored["shards"].get<int>();
-  }
-  SlurmOptions options = resolve_options(effective, raw_config, args.config, plan.cells.size());
-  if (folder.dir.find_first_of(" \t\n%'\"\\") != std::string::npos)
-    throw Error("--out " + args.out + ": Slurm log paths cannot hold spaces, quotes, backslashes or %");
-  if (fs::exists(folder.dir) && !fs::is_directory(folder.dir)) throw Error("--out " + args.out + ": not a folder");
-  check_folder_holds_this_sweep(folder, plan.config, options.shards);
+// The sbatch to run: --sbatch, or sbatch on PATH; empty for a dry run.
+std::string find_sbatch(const SlurmArgs& slurm) {
+  if (slurm.dry_run) return "";
+  const std::string wanted = slurm.sbatch.empty() ? "sbatch" : slurm.sbatch;
+  const std::string sbatch = find_executable(wanted);
+  if (sbatch.empty())
+    throw Error(slurm.sbatch.empty() ? "--slurm: sbatch is not on PATH (is this a Slurm login node? --sbatch PATH names it)"
+                                     : "--sbatch " + slurm.sbatch + ": not an executable file");
+  return sbatch;
+}
 
-  std::string sbatch;
-  if (!slurm.dry_run) {
-    const std::string wanted = slurm.sbatch.empty() ? "sbatch" : slurm.sbatch;
-    sbatch = find_executable(wanted);
-    if (sbatch.empty())
-      throw Error(slurm.sbatch.empty() ? "--slurm: sbatch is not on PATH (is this a Slurm login node? --sbatch PATH names it)"
-                                       : "--sbatch " + slurm.sbatch + ": not an executable file");
-  }
-
+// What every shard's command line needs: this binary, the config and the overrides, as
+// absolute paths.
+Submission submission_for(const SweepArgs& args, const std::string& data_override) {
   Submission s;
   s.kvevict = fs::read_symlink("/proc/self/exe").string();
   s.config_path = fs::canonical(args.config).string();
@@ -595,13 +573,21 @@ int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::st
     s.sweep_overrides.push_back(fs::exists(args.model) ? fs::absolute(args.model).lexically_normal().string() : args.model);
   }
   if (args.limit != -2) s.sweep_overrides.insert(s.sweep_overrides.end(), {"--limit", std::to_string(args.limit)});
+  return s;
+}
 
-  json record = fs::exists(folder.record()) ? read_json_file(folder.record()) : json::object();
-  if (!record.contains("submissions")) record["submissions"] = json::array();
+struct ShardsToSubmit {
+  std::vector<int> shards;
+  std::vector<std::string> still_active;  // earlier array tasks still queued or running
+};
 
-  // Which shards to submit, and which earlier tasks are still queued or running.
-  std::vector<int> to_submit;
-  std::vector<std::string> still_active;
+// Every shard on the first submission; with --resubmit-failed, the failed ones (and the
+// new merge job also waits for shards still active, which are an error otherwise).
+ShardsToSubmit shards_to_submit(const SweepFolder& folder, const json& record, const SlurmArgs& slurm,
+                                const SlurmOptions& options, const std::string& data_override) {
+  ShardsToSubmit wanted;
+  std::vector<int>& to_submit = wanted.shards;
+  std::vector<std::string>& still_active = wanted.still_active;
   if (!record["submissions"].empty()) {
     SweepState state = read_sweep_state(folder, data_override);
     for (const auto& st : state.shard_status) {
@@ -623,23 +609,16 @@ int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::st
       throw Error(folder.dir + ": nothing was submitted from this folder yet; run without --resubmit-failed");
     for (int i = 0; i < options.shards; ++i) to_submit.push_back(i);
   }
-  if (to_submit.empty()) {
-    std::cout << "no failed shards to resubmit in " << folder.dir << " (kvevict status " << folder.dir << ")\n";
-    return 0;
-  }
+  return wanted;
+}
 
-  fs::create_directories(folder.slurm_dir());
-  fs::create_directories(fs::path(folder.dir) / "shards");
-  record["kvevict"] = s.kvevict;
-  record["config_path"] = s.config_path;
-  record["config"] = plan.config;
-  record["shards"] = options.shards;
-  record["cells"] = plan.cells.size();
-  record["data_dir"] = s.data_dir;
-  record["sweep_overrides"] = s.sweep_overrides;
-  write_file_atomically(folder.record(), record.dump(2) + "\n");
-  write_scripts(folder, s, options, job_name(config, args.config), plan);
-
+// Submits the job array, then the merge job that runs after it succeeds, and records both;
+// a dry run prints the two commands instead.
+int submit_array_and_merge(const SweepFolder& folder, json& record, const SlurmArgs& slurm,
+                           const SlurmOptions& options, const std::string& sbatch,
+                           const ShardsToSubmit& wanted) {
+  const std::vector<int>& to_submit = wanted.shards;
+  const std::vector<std::string>& still_active = wanted.still_active;
   const bool whole_array = static_cast<int>(to_submit.size()) == options.shards;
   std::vector<std::string> array_cmd = {sbatch.empty() ? "sbatch" : sbatch, "--parsable"};
   if (!whole_array) array_cmd.push_back("--array=" + array_spec(to_submit, options.max_parallel));
@@ -686,6 +665,59 @@ int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::st
             << "logs: " << folder.slurm_dir() << "/\n"
             << "follow with: kvevict status " << folder.dir << "\n";
   return 0;
+}
+
+int run_slurm_sweep(const SweepArgs& args, const SlurmArgs& slurm, const std::string& data_override) {
+  if (!args.shard.empty()) throw Error("--shard and --slurm do not go together: --slurm makes the shards (--shards N)");
+  json raw_config = read_json_file(args.config);
+  json config = raw_config;
+  if (!args.model.empty()) config["models"] = json::array({args.model});
+  if (args.limit != -2) config["limit"] = args.limit;
+  SweepPlan plan = expand_sweep(config, args.config, data_dir(data_override));
+  // The model options every shard will use fail here rather than in every array task.
+  for (const char* key : {"device", "dtype"})
+    if (config.contains(key) && !config[key].is_string()) throw Error(args.config + ": key \"" + key + "\" must be a string");
+  parse_dtype(config.value("dtype", std::string("float32")));
+  SweepFolder folder;
+  folder.dir = fs::absolute(args.out).lexically_normal().string();
+  if (folder.dir.size() > 1 && folder.dir.back() == '/') folder.dir.pop_back();
+  // A folder keeps the split it was made with unless --shards says otherwise (and is refused).
+  SlurmArgs effective = slurm;
+  if (effective.shards == -1 && fs::exists(folder.record())) {
+    const json stored = read_json_file(folder.record());
+    if (stored.contains("shards") && stored["shards"].is_number_integer()) effective.shards = stored["shards"].get<int>();
+  }
+  SlurmOptions options = resolve_options(effective, raw_config, args.config, plan.cells.size());
+  if (folder.dir.find_first_of(" \t\n%'\"\\") != std::string::npos)
+    throw Error("--out " + args.out + ": Slurm log paths cannot hold spaces, quotes, backslashes or %");
+  if (fs::exists(folder.dir) && !fs::is_directory(folder.dir)) throw Error("--out " + args.out + ": not a folder");
+  check_folder_holds_this_sweep(folder, plan.config, options.shards);
+
+  const std::string sbatch = find_sbatch(slurm);
+  const Submission s = submission_for(args, data_override);
+
+  json record = fs::exists(folder.record()) ? read_json_file(folder.record()) : json::object();
+  if (!record.contains("submissions")) record["submissions"] = json::array();
+
+  const ShardsToSubmit wanted = shards_to_submit(folder, record, slurm, options, data_override);
+  if (wanted.shards.empty()) {
+    std::cout << "no failed shards to resubmit in " << folder.dir << " (kvevict status " << folder.dir << ")\n";
+    return 0;
+  }
+
+  fs::create_directories(folder.slurm_dir());
+  fs::create_directories(fs::path(folder.dir) / "shards");
+  record["kvevict"] = s.kvevict;
+  record["config_path"] = s.config_path;
+  record["config"] = plan.config;
+  record["shards"] = options.shards;
+  record["cells"] = plan.cells.size();
+  record["data_dir"] = s.data_dir;
+  record["sweep_overrides"] = s.sweep_overrides;
+  write_file_atomically(folder.record(), record.dump(2) + "\n");
+  write_scripts(folder, s, options, job_name(config, args.config), plan);
+
+  return submit_array_and_merge(folder, record, slurm, options, sbatch, wanted);
 }
 
 }  // namespace

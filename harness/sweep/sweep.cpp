@@ -18,6 +18,7 @@
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/text.h"
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/result_rows.h"
 #include "harness/common/folder_lock.h"
@@ -40,9 +41,7 @@ std::pair<int, int> parse_shard(const std::string& text) {
 namespace {
 
 // Identity columns: a cell is finished when results.csv holds rows with its key.
-const std::vector<std::string> kIdentityColumns = {"model", "task", "policy", "budget", "budget_tokens",
-                                                   "heavy_share", "protocol", "mode", "score", "pipeline", "shots",
-                                                   "seed", "limit"};
+const std::vector<std::string> kIdentityColumns = result_columns(ColumnRole::setting);
 
 template <typename T>
 std::vector<T> axis(const nlohmann::json& config, const std::string& path, const std::string& key,
@@ -328,12 +327,6 @@ std::string cell_label(const SweepCell& cell) {
   return label;
 }
 
-std::string sanitize(std::string s) {
-  for (auto& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
-  return s;
-}
-
 std::string resolve_model(const std::string& model, const std::string& data_override) {
   if (fs::path(model).is_absolute() || fs::exists(model)) return model;
   return data_path(model, data_override);
@@ -443,7 +436,7 @@ int run_sweep(const SweepArgs& args, const std::string& data_override) {
     progress.end_cell();
     if (predictions)
       write_predictions(result, cell->eval,
-                        (fs::path(args.out) / "predictions" / (sanitize(cell->key()) + ".jsonl")).string());
+                        (fs::path(args.out) / "predictions" / (file_name_part(cell->key()) + ".jsonl")).string());
     append_rows_durably(csv, eval_rows(cell->model, cell->eval, result));
    } catch (const Error& e) {
     // One bad cell does not stop the grid; it is reported and the exit code says so.

@@ -38,6 +38,7 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/utf8.h"
 #include "harness/tokenizers/tokenizer.h"
 
 namespace kvevict {
@@ -53,48 +54,6 @@ using nlohmann::json;
 constexpr char32_t kRawByteBase = 0x110000;
 bool is_raw_byte(char32_t c) { return c >= kRawByteBase; }
 
-struct Utf8Step {
-  char32_t value;
-  size_t length;  // bytes consumed; for an invalid sequence, its "maximal subpart"
-  bool valid;
-};
-
-// Decodes the sequence starting at `pos`. An invalid one reports how many bytes form its
-// longest valid-looking prefix; that is the unit U+FFFD replaces (Unicode ch. 3, and
-// Rust's String::from_utf8_lossy, which HF's decode uses).
-Utf8Step decode_utf8_step(std::string_view s, size_t pos) {
-  const auto lead = static_cast<unsigned char>(s[pos]);
-  if (lead < 0x80) return {lead, 1, true};
-  size_t continuation_count;
-  char32_t value;
-  unsigned char lowest = 0x80, highest = 0xBF;  // allowed range of the next byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    continuation_count = 1;
-    value = lead & 0x1F;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    continuation_count = 2;
-    value = lead & 0x0F;
-    if (lead == 0xE0) lowest = 0xA0;   // no overlong forms
-    if (lead == 0xED) highest = 0x9F;  // no surrogates
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    continuation_count = 3;
-    value = lead & 0x07;
-    if (lead == 0xF0) lowest = 0x90;   // no overlong forms
-    if (lead == 0xF4) highest = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return {0, 1, false};
-  }
-  for (size_t k = 1; k <= continuation_count; ++k) {
-    if (pos + k >= s.size()) return {0, k, false};
-    const auto next = static_cast<unsigned char>(s[pos + k]);
-    if (next < lowest || next > highest) return {0, k, false};
-    lowest = 0x80;
-    highest = 0xBF;
-    value = (value << 6) | (next & 0x3F);
-  }
-  return {value, continuation_count + 1, true};
-}
-
 // Code points of a string with the byte offset of each (offsets has one extra entry: the
 // end). Each byte of an invalid sequence becomes a raw-byte pseudo code point.
 struct DecodedText {
@@ -107,7 +66,7 @@ DecodedText decode_utf8(std::string_view s) {
   decoded.code_points.reserve(s.size());
   decoded.offsets.reserve(s.size() + 1);
   for (size_t pos = 0; pos < s.size();) {
-    const Utf8Step step = decode_utf8_step(s, pos);
+    const Utf8Char step = decode_utf8_at(s, pos);
     if (step.valid) {
       decoded.code_points.push_back(step.value);
       decoded.offsets.push_back(pos);
@@ -123,29 +82,17 @@ DecodedText decode_utf8(std::string_view s) {
   return decoded;
 }
 
-void append_utf8(std::string& out, char32_t c) {
-  if (is_raw_byte(c)) {
+// A raw-byte pseudo code point (from invalid input) is written back as its byte.
+void append_char(std::string& out, char32_t c) {
+  if (is_raw_byte(c))
     out += static_cast<char>(c - kRawByteBase);
-  } else if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
+  else
+    append_utf8(out, c);
 }
 
 std::string utf8(char32_t c) {
   std::string out;
-  append_utf8(out, c);
+  append_char(out, c);
   return out;
 }
 
@@ -154,7 +101,7 @@ std::string replace_invalid_utf8(const std::string& bytes) {
   std::string out;
   out.reserve(bytes.size());
   for (size_t pos = 0; pos < bytes.size();) {
-    const Utf8Step step = decode_utf8_step(bytes, pos);
+    const Utf8Char step = decode_utf8_at(bytes, pos);
     if (step.valid)
       out.append(bytes, pos, step.length);
     else
@@ -303,7 +250,7 @@ const std::array<char32_t, 256>& byte_to_char() {
 // The token string of raw bytes, e.g. " the" -> "Ġthe".
 std::string to_byte_level(std::string_view bytes) {
   std::string out;
-  for (unsigned char b : bytes) append_utf8(out, byte_to_char()[b]);
+  for (unsigned char b : bytes) append_char(out, byte_to_char()[b]);
   return out;
 }
 
@@ -645,15 +592,9 @@ const json& member_or_null(const json& object, const char* key) {
   return object.is_object() && object.contains(key) ? object[key] : null_json;
 }
 
-}  // namespace
-
-std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_json) {
-  const std::string& path = tokenizer_json;
-  const json root = read_json_file(path);
-  const json& model = member_or_null(root, "model");
-  const std::string model_type = component_type(model);
-  if (model_type != "BPE")
-    throw Error(path + ": model.type is " + model_type + "; only byte-level BPE is supported");
+// Checks that the file is a byte-level BPE this loader supports (pre-tokenizer, decoder,
+// no affixes or dropout) and reads its pipeline options.
+PipelineOptions read_pipeline_options(const json& root, const json& model, const std::string& path) {
   // ByteLevel alone (GPT-2, NeoX) or Sequence [Split (Isolated), ByteLevel] (Llama-3, Qwen).
   const json* byte_level = &member_or_null(root, "pre_tokenizer");
   const json* split = nullptr;
@@ -697,8 +638,11 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
       throw Error(path + ": ByteLevel add_prefix_space after a Split is not supported");
     options.split = std::make_shared<SplitRegex>(pattern.get<std::string>(), path + ": pre_tokenizer Split");
   }
+  return options;
+}
 
-  Vocab vocab = parse_vocab(member_or_null(model, "vocab"), path + ": model.vocab");
+// model.merges in either spelling, ranked by position.
+MergeTable read_merges(const json& model, const Vocab& vocab, const std::string& path) {
   const json& merge_list = member_or_null(model, "merges");
   if (!merge_list.is_array()) throw Error(path + ": model.merges is not a list");
   MergeTable merges;
@@ -724,7 +668,10 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
     }
     add_merge(merges, vocab, left, right, static_cast<int>(i), where);
   }
+  return merges;
+}
 
+std::vector<AddedToken> read_added_tokens(const json& root, const std::string& path) {
   std::vector<AddedToken> added_tokens;
   for (const json& entry : member_or_null(root, "added_tokens")) {
     if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string() ||
@@ -738,6 +685,13 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
     const bool special = entry.value("special", false);
     added_tokens.push_back({content, entry["id"].get<int>(), entry.value("normalized", !special)});
   }
+  return added_tokens;
+}
+
+// The BOS id to prepend: -1 when tokenizer_config.json says none is added, nullopt when it
+// does not say (the model decides).
+std::optional<int> read_declared_bos(const std::string& path, const std::vector<AddedToken>& added_tokens,
+                                     const Vocab& vocab) {
   // BOS comes from tokenizer_config.json (HF's tokenizer class adds it, not tokenizer.json):
   // its bos_token, when add_bos_token (or the class's default) says so.
   std::optional<int> declared_bos;
@@ -768,6 +722,23 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
         throw Error(config_path.string() + ": bos_token \"" + bos_text + "\" is not a token of " + path);
     }
   }
+  return declared_bos;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_json) {
+  const std::string& path = tokenizer_json;
+  const json root = read_json_file(path);
+  const json& model = member_or_null(root, "model");
+  const std::string model_type = component_type(model);
+  if (model_type != "BPE")
+    throw Error(path + ": model.type is " + model_type + "; only byte-level BPE is supported");
+  const PipelineOptions options = read_pipeline_options(root, model, path);
+  Vocab vocab = parse_vocab(member_or_null(model, "vocab"), path + ": model.vocab");
+  MergeTable merges = read_merges(model, vocab, path);
+  const std::vector<AddedToken> added_tokens = read_added_tokens(root, path);
+  const std::optional<int> declared_bos = read_declared_bos(path, added_tokens, vocab);
   auto tokenizer = std::make_unique<ByteLevelBpeTokenizer>(path, std::move(vocab), std::move(merges),
                                                            added_tokens, options);
   tokenizer->set_declared_bos(declared_bos);
@@ -844,7 +815,7 @@ std::string nfc(std::string_view text) {
   for (char32_t c : decoded.code_points) {
     if (is_raw_byte(c)) {
       flush();
-      append_utf8(out, c);
+      append_char(out, c);
     } else {
       run.append(static_cast<UChar32>(c));
     }

@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "harness/common/errors.h"
+#include "harness/common/text.h"
+#include "harness/common/utf8.h"
 #include "harness/tokenizers/tokenizer.h"
 
 namespace kvevict {
@@ -306,35 +308,11 @@ ModelProto parse_model_proto(std::string_view bytes, const std::string& file) {
 // UTF-8, with the library's exact notion of validity (util.cc DecodeUTF8): shortest
 // form only, no surrogates, nothing above U+10FFFF.
 
-bool is_trail_byte(char c) { return (static_cast<uint8_t>(c) & 0xc0) == 0x80; }
-
 // Length of the well-formed UTF-8 character at the start of `text`, or 0 if malformed.
 size_t valid_utf8_length(std::string_view text) {
   if (text.empty()) return 0;
-  const auto lead = static_cast<uint8_t>(text[0]);
-  const auto payload = [&](size_t i) {
-    return static_cast<uint32_t>(static_cast<uint8_t>(text[i]) & 0x3f);
-  };
-  const auto is_scalar = [](uint32_t cp) {
-    return cp < 0xd800 || (cp >= 0xe000 && cp <= 0x10ffff);
-  };
-  if (lead < 0x80) return 1;
-  if ((lead & 0xe0) == 0xc0 && text.size() >= 2 && is_trail_byte(text[1])) {
-    const uint32_t cp = ((lead & 0x1fu) << 6) | payload(1);
-    return cp >= 0x80 ? 2 : 0;
-  }
-  if ((lead & 0xf0) == 0xe0 && text.size() >= 3 && is_trail_byte(text[1]) &&
-      is_trail_byte(text[2])) {
-    const uint32_t cp = ((lead & 0x0fu) << 12) | (payload(1) << 6) | payload(2);
-    return cp >= 0x800 && is_scalar(cp) ? 3 : 0;
-  }
-  if ((lead & 0xf8) == 0xf0 && text.size() >= 4 && is_trail_byte(text[1]) &&
-      is_trail_byte(text[2]) && is_trail_byte(text[3])) {
-    const uint32_t cp =
-        ((lead & 0x07u) << 18) | (payload(1) << 12) | (payload(2) << 6) | payload(3);
-    return cp >= 0x10000 && is_scalar(cp) ? 4 : 0;
-  }
-  return 0;
+  const Utf8Char first = decode_utf8_at(text, 0);
+  return first.valid ? first.length : 0;
 }
 
 // The character length implied by the lead byte alone, clipped to the text; this is how
@@ -343,13 +321,6 @@ size_t lead_byte_length(std::string_view text) {
   const auto lead = static_cast<uint8_t>(text[0]);
   const size_t length = lead < 0xc0 ? 1 : lead < 0xe0 ? 2 : lead < 0xf0 ? 3 : 4;
   return std::min(length, text.size());
-}
-
-bool starts_with(std::string_view text, std::string_view prefix) {
-  return text.substr(0, prefix.size()) == prefix;
-}
-bool ends_with(std::string_view text, std::string_view suffix) {
-  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
 // "<0x41>" -> 0x41; -1 for anything that is not exactly a byte piece's spelling.
