@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "harness/common/errors.h"
+#include "harness/common/kill_points.h"
 
 namespace kvevict {
 
@@ -453,7 +454,13 @@ void append_rows_durably(const std::string& path, const std::vector<ResultRow>& 
   }
   if (size == 0) payload = header + '\n' + payload;
 
+  kill_point("append-before-write");
+  if (kill_point_reached("append-mid-write")) {  // a kill -9 inside the write: a torn tail
+    write_all(file.fd, payload.substr(0, payload.size() * 3 / 4), path);
+    kill_now();
+  }
   write_all(file.fd, payload, path);
+  kill_point("append-before-fsync");
   if (::fsync(file.fd) != 0) throw Error(system_error(path + ": fsync failed"));
   if (info.st_size == 0) fsync_parent_directory(path);  // make a new file's name durable
 }

@@ -33,7 +33,7 @@ class FixedPattern : public StaticPattern {
 };
 
 const ParamSpec kSummary =
-    ParamSpec::integer("summary", 1, "sparse-fixed: summary positions c at the end of each block").at_least(1);
+    ParamSpec::integer("summary", 1, "sparse-fixed: summary positions c at the end of each block").at_least(0);
 
 class SparseFixedPolicy : public PatternPolicy {
  public:

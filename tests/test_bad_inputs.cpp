@@ -247,7 +247,7 @@ std::vector<Case> cases() {
   cli_case("--heavy-ratio -0.1", gen + "--policy h2o-paper --heavy-ratio -0.1 --recent-ratio 0.1", "--heavy-ratio");
   cli_case("--heavy-share 2", gen + "--policy h2o --budget 0.5 --heavy-share 2", "--heavy-share");
   cli_case("--window 0", gen + "--policy snapkv --budget 0.5 --window 0", "--window");
-  cli_case("--summary 0", gen + "--policy sparse-fixed --budget 0.5 --summary 0", "--summary");
+  cli_case("--summary -1", gen + "--policy sparse-fixed --budget 0.5 --summary -1", "--summary");
   cli_case("unknown policy", gen + "--policy lru --budget 0.5", "lru");
   cli_case("perplexity --max-tokens 0 (was all)", "perplexity " + kText + " --max-tokens 0", "--max-tokens");
   cli_case("perplexity --prefill -3", "perplexity " + kText + " --prefill -3", "--prefill");

@@ -69,7 +69,7 @@ void drive(LayerState& state, const SequenceShape& shape, int length,
 TEST_CASE("pattern counts agree with the pattern's definition", "[policy][sparse]") {
   for (const std::string name : {"sparse-strided", "sparse-fixed"}) {
     for (int period : {1, 2, 5, 7}) {
-      for (int summary : {1, 2}) {  // c >= 1: the declared range of --summary
+      for (int summary : {0, 1, 2}) {
         if (summary > period) continue;
         PolicyOptions o;
         o.params.set("summary", summary);

@@ -23,6 +23,8 @@
 #include "harness/eval/result_rows.h"
 #include "harness/sweep/policy_options_json.h"
 #include "harness/common/folder_lock.h"
+#include "harness/common/kill_points.h"
+#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -312,9 +314,14 @@ std::set<std::string> finished_cells(const std::string& csv, const SweepPlan& pl
     finished.insert(key);
   }
   if (kept.size() != rows.size()) {
+    if (kept.empty()) {  // only a partial cell was there: an empty results file, header alone
+      write_file_atomically(csv, result_header() + "\n");
+      return finished;
+    }
     const std::string tmp = temporary_path_beside(csv);
     fs::remove(tmp);
     append_rows_durably(tmp, kept);
+    kill_point("rewrite-before-publish");
     publish_file(tmp, csv);
   }
   return finished;
