@@ -12,6 +12,7 @@
 #include "harness/data_dir.h"
 #include "harness/errors.h"
 #include "harness/sweep.h"
+#include "harness/threads.h"
 
 int main(int argc, char** argv) {
   using namespace kvevict;
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    set_thread_count(0);  // all physical cores unless --threads says otherwise
     auto resolve = [&](std::string& model) {
       if (model.empty()) model = data_path(default_model, data_override);
     };
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
       return run_perplexity(ppl);
     }
     if (bench_cmd->parsed()) {
+      bench.model_given = !bench.model.empty();
       resolve(bench.model);
       return run_bench(bench, data_override);
     }
