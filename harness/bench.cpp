@@ -102,7 +102,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
 
   std::cout << std::fixed << std::setprecision(4);
   std::cout << "threads " << threads << " (physical cores " << physical_core_count() << ") load_average "
-            << load_average() << "\n";
+            << load_average() << std::endl;
   ModelOptions fp32_options = args.runtime.options;
   fp32_options.dtype = dtypes.front();
   auto t0 = Clock::now();
@@ -110,7 +110,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   const double load = seconds_since(t0);
   const ArchSpec& arch = model->arch();
   std::cout << "model " << model_dir << " (" << arch.model_type << ", " << arch.n_layers << " layers, hidden "
-            << arch.hidden << ", " << arch.n_heads << " heads) " << dtypes.front() << " load_seconds " << load << "\n";
+            << arch.hidden << ", " << arch.n_heads << " heads) " << dtypes.front() << " load_seconds " << load << std::endl;
   PolicyOptions none;
   auto full = make_policy("full", none);
   auto policy_with_budget = [&](const std::string& name) {
@@ -132,7 +132,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     const double s = best_time(1, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
     std::cout << "memory sim_forward " << decode_policy << " budget " << budget << " T=" << memory_tokens
               << " seconds " << s << " peak_rss_MiB " << mib(peak_rss_bytes()) << " weights_MiB "
-              << mib(decode_weight_bytes(arch, model->dtype())) << " load_average " << load_average() << "\n";
+              << mib(decode_weight_bytes(arch, model->dtype())) << " load_average " << load_average() << std::endl;
   }
 
   // Roofline limits.
@@ -142,7 +142,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     set_thread_count(n);
     bandwidth[n] = measure_read_bandwidth(static_cast<int64_t>(bandwidth_bytes), repeat + 2);
     std::cout << "roofline read_bandwidth threads " << n << " GB_per_s " << bandwidth[n] / 1e9 << " load_average "
-              << load_average() << "\n";
+              << load_average() << std::endl;
   }
   set_thread_count(threads);
 
@@ -159,7 +159,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     const auto peak = measure_gemm_peak(arch, m.dtype(), T, repeat + 1);
     std::cout << "roofline gemm " << dtypes[i] << " rows " << T << " GFLOP_per_s model_mix "
               << peak.mix_flops_per_s / 1e9 << " best_shape " << peak.best_flops_per_s / 1e9 << " " << peak.best_shape
-              << " load_average " << load_average() << "\n";
+              << " load_average " << load_average() << std::endl;
     auto seq = random_tokens(T, static_cast<int>(arch.vocab), 7);
     const double fwd = best_time(repeat, [&] {
       FullAttention attention;
@@ -169,7 +169,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     std::cout << "forward " << dtypes[i] << " T=" << T << " seconds " << fwd << " GFLOP "
               << forward_flops(arch, T) / 1e9 << " GFLOP_per_s " << flops / 1e9 << " of_gemm_peak "
               << percent(flops / peak.best_flops_per_s) << " of_model_mix " << percent(flops / peak.mix_flops_per_s)
-              << " load_average " << load_average() << "\n";
+              << " load_average " << load_average() << std::endl;
     auto decode_tokens = random_tokens(decode_prefill + steps, static_cast<int>(arch.vocab), 5);
     for (int n : decode_threads) {
       set_thread_count(n);
@@ -179,7 +179,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
                            kv_bytes_per_token(arch, m.dtype()) * (decode_prefill + steps / 2.0);
       std::cout << "decode " << dtypes[i] << " threads " << n << " tokens_per_s " << 1 / step.total
                 << " MB_per_token " << bytes / 1e6 << " GB_per_s " << bytes / step.total / 1e9 << " of_bandwidth "
-                << percent(bytes / step.total / bandwidth[n]) << " load_average " << load_average() << "\n";
+                << percent(bytes / step.total / bandwidth[n]) << " load_average " << load_average() << std::endl;
     }
     set_thread_count(threads);
   }
@@ -192,12 +192,12 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   }
   const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
   std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim
-            << " load_average " << load_average() << "\n";
+            << " load_average " << load_average() << std::endl;
   for (const auto& name : policies) {
     auto policy = policy_with_budget(name);
     const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
     std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s << " ratio_to_full "
-              << s / full_sim << " load_average " << load_average() << "\n";
+              << s / full_sim << " load_average " << load_average() << std::endl;
   }
 
   // Decode steps after a long prefill: the attention part under eviction vs the full cache.
@@ -208,12 +208,12 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
   const double full_kv = kv_bytes_per_token(arch, model->dtype()) * (decode_T + steps);
   std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " attention_ms "
-            << full_step.attention * 1e3 << " kv_MiB " << mib(full_kv) << "\n";
+            << full_step.attention * 1e3 << " kv_MiB " << mib(full_kv) << std::endl;
   std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_step.total * 1e3
             << " ratio_to_full " << evict_step.total / full_step.total << " attention_ms "
             << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention
             << " kv_held_MiB " << mib(evict_step.held_bytes) << " kv_held_of_full "
-            << percent(evict_step.held_bytes / full_kv) << " load_average " << load_average() << "\n";
+            << percent(evict_step.held_bytes / full_kv) << " load_average " << load_average() << std::endl;
   std::cout << "peak_rss_MiB " << mib(peak_rss_bytes()) << " (since the memory phase)\n";
   return 0;
 }
