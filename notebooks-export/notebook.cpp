@@ -7,7 +7,7 @@
 #include <set>
 #include <unistd.h>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 
@@ -91,8 +91,15 @@ def show(fig):
     plt.close(fig)
     display(Image(data=buffer.getvalue())))py";
 
-const char* const kLoadCode = R"py(TEXT_COLUMNS = ["model", "task", "policy", "protocol", "mode", "score", "pipeline", "metric", "version"]
+// A Python list literal of strings, e.g. ["model", "task"].
+std::string python_list(const std::vector<std::string>& items) {
+  std::string list;
+  for (const auto& item : items) list += (list.empty() ? "" : ", ") + dump_json(item);
+  return "[" + list + "]";
+}
 
+// Follows "TEXT_COLUMNS = [...]\n", which comes from the column table.
+const char* const kLoadCode = R"py(
 # Read everything as text first so that names such as "NA" stay names, then convert
 # the numeric columns; an empty field means "not applicable" and becomes NaN.
 df = pd.read_csv(io.StringIO("\n".join(CSV_RECORDS) + "\n"), dtype=str, keep_default_na=False)
@@ -256,7 +263,7 @@ std::string notebook_json(const std::vector<ResultRow>& rows) {
       "budget given to heavy hitters, the rest going to recent tokens. Empty fields mean "
       "*not applicable* and load as NaN.");
   notebook.code(embedded_data_code(rows));
-  notebook.code(kLoadCode);
+  notebook.code("TEXT_COLUMNS = " + python_list(text_result_columns()) + "\n" + kLoadCode);
   notebook.markdown(
       "## Helpers\n"
       "\n"

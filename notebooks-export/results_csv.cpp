@@ -15,19 +15,13 @@
 #include <limits>
 #include <sstream>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 
 namespace {
 
-const std::vector<std::string> kColumns = {
-    "model",         "task",   "policy", "budget",   "budget_tokens",
-    "heavy_share",   "heavy_ratio",      "recent_ratio",      "protocol",
-    "mode",          "score",  "pipeline",         "shots",  "seed",     "limit",
-    "metric",        "value",  "stderr", "n",        "agreement_with_full",
-    "mean_abs_ll_change",      "kv_tokens_kept",     "kv_bytes_peak",
-    "seconds",       "version"};
+const std::vector<std::string> kColumns = result_columns();
 
 // The columns before the pipeline column existed; such files still read (as lm-eval),
 // and an append first rewrites them with the current header.
@@ -58,14 +52,6 @@ struct FileDescriptor {
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
 };
-
-std::string optional_number(const std::optional<double>& value) {
-  return value ? format_number(*value) : std::string();
-}
-template <typename Int>
-std::string optional_integer(const std::optional<Int>& value) {
-  return value ? std::to_string(*value) : std::string();
-}
 
 std::string field_or_empty(const std::map<std::string, std::string>& fields,
                            const std::string& column) {
@@ -104,28 +90,41 @@ int parse_int(const std::string& column, const std::string& text) {
   return static_cast<int>(value);
 }
 
-std::optional<double> optional_double_field(const std::map<std::string, std::string>& fields,
-                                            const std::string& column) {
-  std::string text = field_or_empty(fields, column);
-  if (text.empty()) return std::nullopt;
-  return parse_double(column, text);
-}
-std::optional<std::int64_t> optional_int64_field(
-    const std::map<std::string, std::string>& fields, const std::string& column) {
-  std::string text = field_or_empty(fields, column);
-  if (text.empty()) return std::nullopt;
-  return parse_int64(column, text);
-}
-std::optional<int> optional_int_field(const std::map<std::string, std::string>& fields,
-                                      const std::string& column) {
-  std::string text = field_or_empty(fields, column);
-  if (text.empty()) return std::nullopt;
-  return parse_int(column, text);
+// A field as written: numbers in their shortest form, optionals empty when not applicable.
+std::string format_field(const std::string& text) { return text; }
+std::string format_field(double value) { return format_number(value); }
+std::string format_field(int value) { return std::to_string(value); }
+std::string format_field(std::int64_t value) { return std::to_string(value); }
+template <typename T>
+std::string format_field(const std::optional<T>& value) {
+  return value ? format_field(*value) : std::string();
 }
 
-void check_budget(const std::optional<double>& budget) {
-  if (budget && !(*budget > 0 && *budget <= 1))
-    throw Error("column 'budget': expected a ratio in (0, 1], got " + format_number(*budget));
+// The inverse of format_field; throws naming the column on a bad number.
+void parse_field(const std::string&, const std::string& text, std::string& out) { out = text; }
+void parse_field(const std::string& column, const std::string& text, double& out) {
+  out = parse_double(column, text);
+}
+void parse_field(const std::string& column, const std::string& text, int& out) {
+  out = parse_int(column, text);
+}
+void parse_field(const std::string& column, const std::string& text, std::int64_t& out) {
+  out = parse_int64(column, text);
+}
+template <typename T>
+void parse_field(const std::string& column, const std::string& text, std::optional<T>& out) {
+  if (text.empty()) {
+    out.reset();
+    return;
+  }
+  T value{};
+  parse_field(column, text, value);
+  out = value;
+}
+
+void check_budget(const ResultRow& row) {
+  if (row.budget && !(*row.budget > 0 && *row.budget <= 1))
+    throw Error("column 'budget': expected a ratio in (0, 1], got " + format_number(*row.budget));
 }
 
 // One CSV record as found in the file, with enough position information to report
@@ -296,7 +295,58 @@ void fsync_parent_directory(const std::string& path) {
 
 }  // namespace
 
-std::vector<std::string> result_columns() { return kColumns; }
+const std::vector<ResultColumn>& result_column_table() {
+  using R = ResultRow;
+  using Role = ColumnRole;
+  static const std::vector<ResultColumn> table = {
+      {"model", &R::model, Role::setting},
+      {"task", &R::task, Role::setting},
+      {"policy", &R::policy, Role::setting},
+      {"budget", &R::budget, Role::setting, nullptr, check_budget},
+      {"budget_tokens", &R::budget_tokens, Role::setting},
+      {"heavy_share", &R::heavy_share, Role::setting},
+      {"heavy_ratio", &R::heavy_ratio, Role::derived},
+      {"recent_ratio", &R::recent_ratio, Role::derived},
+      {"protocol", &R::protocol, Role::setting},
+      {"mode", &R::mode, Role::setting},
+      {"score", &R::score, Role::setting},
+      {"pipeline", &R::pipeline, Role::setting, "lm-eval"},  // files from before the column
+      {"shots", &R::shots, Role::setting},
+      {"seed", &R::seed, Role::setting},
+      {"limit", &R::limit, Role::setting},
+      {"metric", &R::metric, Role::metric},
+      {"value", &R::value, Role::measurement},
+      {"stderr", &R::stderr_, Role::measurement},
+      {"n", &R::n, Role::measurement},
+      {"agreement_with_full", &R::agreement_with_full, Role::measurement},
+      {"mean_abs_ll_change", &R::mean_abs_ll_change, Role::measurement},
+      {"kv_tokens_kept", &R::kv_tokens_kept, Role::measurement},
+      {"kv_bytes_peak", &R::kv_bytes_peak, Role::measurement},
+      {"seconds", &R::seconds, Role::measurement},
+      {"version", &R::version, Role::provenance},
+  };
+  return table;
+}
+
+std::vector<std::string> result_columns() {
+  std::vector<std::string> names;
+  for (const auto& column : result_column_table()) names.push_back(column.name);
+  return names;
+}
+
+std::vector<std::string> result_columns(ColumnRole role) {
+  std::vector<std::string> names;
+  for (const auto& column : result_column_table())
+    if (column.role == role) names.push_back(column.name);
+  return names;
+}
+
+std::vector<std::string> text_result_columns() {
+  std::vector<std::string> names;
+  for (const auto& column : result_column_table())
+    if (column.is_text()) names.push_back(column.name);
+  return names;
+}
 
 std::string result_header() {
   std::string header;
@@ -322,70 +372,28 @@ std::string format_number(double value) {
 }
 
 std::map<std::string, std::string> ResultRow::fields() const {
-  return {
-      {"model", model},
-      {"task", task},
-      {"policy", policy},
-      {"budget", optional_number(budget)},
-      {"budget_tokens", optional_integer(budget_tokens)},
-      {"heavy_share", optional_number(heavy_share)},
-      {"heavy_ratio", optional_number(heavy_ratio)},
-      {"recent_ratio", optional_number(recent_ratio)},
-      {"protocol", protocol},
-      {"mode", mode},
-      {"score", score},
-      {"pipeline", pipeline},
-      {"shots", optional_integer(shots)},
-      {"seed", optional_integer(seed)},
-      {"limit", optional_integer(limit)},
-      {"metric", metric},
-      {"value", format_number(value)},
-      {"stderr", optional_number(stderr_)},
-      {"n", std::to_string(n)},
-      {"agreement_with_full", optional_number(agreement_with_full)},
-      {"mean_abs_ll_change", optional_number(mean_abs_ll_change)},
-      {"kv_tokens_kept", optional_number(kv_tokens_kept)},
-      {"kv_bytes_peak", optional_integer(kv_bytes_peak)},
-      {"seconds", optional_number(seconds)},
-      {"version", version},
-  };
+  std::map<std::string, std::string> fields;
+  for (const auto& column : result_column_table())
+    fields[column.name] = std::visit([this](auto member) { return format_field(this->*member); },
+                                     column.field);
+  return fields;
 }
 
 ResultRow ResultRow::from_fields(const std::map<std::string, std::string>& fields) {
   ResultRow row;
-  row.model = field_or_empty(fields, "model");
-  row.task = field_or_empty(fields, "task");
-  row.policy = field_or_empty(fields, "policy");
-  row.budget = optional_double_field(fields, "budget");
-  check_budget(row.budget);
-  row.budget_tokens = optional_int64_field(fields, "budget_tokens");
-  row.heavy_share = optional_double_field(fields, "heavy_share");
-  row.heavy_ratio = optional_double_field(fields, "heavy_ratio");
-  row.recent_ratio = optional_double_field(fields, "recent_ratio");
-  row.protocol = field_or_empty(fields, "protocol");
-  row.mode = field_or_empty(fields, "mode");
-  row.score = field_or_empty(fields, "score");
-  row.pipeline = field_or_empty(fields, "pipeline");
-  if (row.pipeline.empty()) row.pipeline = "lm-eval";
-  row.shots = optional_int_field(fields, "shots");
-  row.seed = optional_int_field(fields, "seed");
-  row.limit = optional_int_field(fields, "limit");
-  row.metric = field_or_empty(fields, "metric");
-  row.value = parse_double("value", field_or_empty(fields, "value"));
-  row.stderr_ = optional_double_field(fields, "stderr");
-  row.n = parse_int("n", field_or_empty(fields, "n"));
-  row.agreement_with_full = optional_double_field(fields, "agreement_with_full");
-  row.mean_abs_ll_change = optional_double_field(fields, "mean_abs_ll_change");
-  row.kv_tokens_kept = optional_double_field(fields, "kv_tokens_kept");
-  row.kv_bytes_peak = optional_int64_field(fields, "kv_bytes_peak");
-  row.seconds = optional_double_field(fields, "seconds");
-  row.version = field_or_empty(fields, "version");
+  for (const auto& column : result_column_table()) {
+    std::string text = field_or_empty(fields, column.name);
+    if (text.empty() && column.when_empty) text = column.when_empty;
+    std::visit([&](auto member) { parse_field(column.name, text, row.*member); }, column.field);
+    if (column.check) column.check(row);
+  }
   return row;
 }
 
 std::string format_row(const ResultRow& row) {
   // Refuse to write what read_results_csv would reject later.
-  check_budget(row.budget);
+  for (const auto& column : result_column_table())
+    if (column.check) column.check(row);
   auto fields = row.fields();
   std::string line;
   for (std::size_t i = 0; i < kColumns.size(); ++i) {
@@ -451,33 +459,35 @@ void append_rows_durably(const std::string& path, const std::vector<ResultRow>& 
 }
 
 std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
-  const std::string text = read_whole_file(path);
+  if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a results CSV");
+  const std::string whole = read_whole_file(path);
+  // Appends are whole lines in one write(), so a kill can only leave bytes after the
+  // last newline. Those alone are a torn write; everything before must parse cleanly.
+  const std::size_t last_newline = whole.rfind('\n');
+  const std::size_t keep_until = last_newline == std::string::npos ? 0 : last_newline + 1;
+  const std::string header = result_header();
+  if (keep_until == 0 && !whole.empty() && header.compare(0, whole.size(), whole) != 0)
+    throw Error(path + ":1: expected the results header '" + header + "'");
+  const std::string text = whole.substr(0, keep_until);
   const std::vector<CsvRecord> records = split_records(text);
   std::vector<ResultRow> rows;
-  if (records.empty()) return rows;
-
-  const std::string header = result_header();
-  std::size_t keep_until = text.size();  // bytes that hold whole records
-  const CsvRecord& first = records.front();
-  std::string raw_first = text.substr(first.begin, first.end - first.begin);
-  if (!first.terminated && records.size() == 1 && header.compare(0, raw_first.size(), raw_first) == 0) {
-    keep_until = 0;  // a header torn by a kill during the very first append
-  } else if (!first.problem.empty() || (first.fields != kColumns && first.fields != legacy_columns()) ||
-             !first.terminated) {
-    throw Error(path + ":1: expected the results header '" + header + "'");
+  if (records.empty()) {
+    if (repair && keep_until < whole.size()) truncate_durably(path, keep_until);
+    return rows;
   }
+
+  const CsvRecord& first = records.front();
+  if (!first.problem.empty() || (first.fields != kColumns && first.fields != legacy_columns()) ||
+      !first.terminated)
+    throw Error(path + ":1: expected the results header '" + header + "'");
   const std::vector<std::string> file_columns = first.fields == legacy_columns() ? legacy_columns() : kColumns;
 
   const std::size_t column_count = file_columns.size();
   for (std::size_t i = 1; i < records.size(); ++i) {
     const CsvRecord& record = records[i];
-    const bool malformed = !record.problem.empty() || record.fields.size() != column_count;
-    if (i + 1 == records.size() && (!record.terminated || malformed)) {
-      keep_until = record.begin;  // torn by an interrupted write: ignore it
-      break;
-    }
     const std::string where = path + ":" + std::to_string(record.line) + ": ";
     if (!record.problem.empty()) throw Error(where + record.problem);
+    if (!record.terminated) throw Error(where + "a quoted field runs to the end of the file");
     if (record.fields.size() != column_count)
       throw Error(where + "expected " + std::to_string(column_count) + " fields, found " +
                   std::to_string(record.fields.size()));
@@ -489,7 +499,7 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
       throw Error(where + error.what());
     }
   }
-  if (repair && keep_until < text.size()) truncate_durably(path, keep_until);
+  if (repair && keep_until < whole.size()) truncate_durably(path, keep_until);
   return rows;
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace kvevict {
@@ -48,8 +49,41 @@ struct ResultRow {
   static ResultRow from_fields(const std::map<std::string, std::string>& fields);
 };
 
+// What a column holds, which decides the code that looks at it.
+enum class ColumnRole {
+  setting,      // identifies a cell: sweeps resume by these, tables and plots split by them
+  derived,      // follows from the settings (heavy_ratio, recent_ratio), so not part of the key
+  metric,       // names the measurement
+  measurement,  // the value and what it cost; rows differing only here are one cell twice
+  provenance,   // which kvevict wrote the row
+};
+
+// The ResultRow member a column reads and writes; its type decides how the field is
+// written and parsed (optional: empty when not applicable; std::string: text).
+using ResultField =
+    std::variant<std::string ResultRow::*, double ResultRow::*, int ResultRow::*,
+                 std::optional<double> ResultRow::*, std::optional<int> ResultRow::*,
+                 std::optional<std::int64_t> ResultRow::*>;
+
+struct ResultColumn {
+  const char* name;
+  ResultField field;
+  ColumnRole role;
+  const char* when_empty = nullptr;  // text read for an empty or missing field
+  void (*check)(const ResultRow&) = nullptr;  // run after reading and before writing
+  bool is_text() const { return std::holds_alternative<std::string ResultRow::*>(field); }
+};
+
+// The one list of results columns, in file order: writing, parsing, the header, sweep
+// keys, tables and the notebook all come from it. A new column is one line there.
+const std::vector<ResultColumn>& result_column_table();
+
 // The column names, in file order.
 std::vector<std::string> result_columns();
+// The column names with one role, in file order.
+std::vector<std::string> result_columns(ColumnRole role);
+// The names of the columns that hold text rather than numbers, in file order.
+std::vector<std::string> text_result_columns();
 // The header line, without the newline.
 std::string result_header();
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 
@@ -15,9 +15,10 @@ namespace {
 
 // Columns that hold measurements rather than settings; two rows that differ only in
 // these are the same cell recorded twice, not a missing filter.
-const std::set<std::string> kMeasuredColumns = {
-    "value",          "stderr",        "n",      "agreement_with_full", "mean_abs_ll_change",
-    "kv_tokens_kept", "kv_bytes_peak", "seconds"};
+bool is_measured_column(const std::string& column) {
+  static const auto measured = result_columns(ColumnRole::measurement);
+  return std::find(measured.begin(), measured.end(), column) != measured.end();
+}
 
 std::string trim(const std::string& text) {
   std::size_t begin = 0, end = text.size();
@@ -146,7 +147,7 @@ std::vector<std::vector<std::string>> order_labels(
   std::vector<std::string> differences;
   std::string suggestion;
   for (const auto& column : result_columns()) {
-    if (kMeasuredColumns.count(column) || first.at(column) == second.at(column)) continue;
+    if (is_measured_column(column) || first.at(column) == second.at(column)) continue;
     differences.push_back(column + " ('" + first.at(column) + "' vs '" + second.at(column) +
                           "')");
     if (suggestion.empty()) suggestion = column + "=" + first.at(column);

@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/policy.h"
 
 namespace kvevict {

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

@@ -83,9 +83,11 @@ class LayerState {
   }
 };
 
+void check_policy_options(const PolicyOptions& options);  // policies/option_checks.h
+
 class Policy {
  public:
-  explicit Policy(PolicyOptions options) : options_(std::move(options)) {}
+  explicit Policy(PolicyOptions options) : options_(std::move(options)) { check_policy_options(options_); }
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
   // False for policies that need information a real cache does not hold; they run in

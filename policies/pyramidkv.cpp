@@ -3,7 +3,7 @@
 // bottom 2*base - base/beta), so the average over layers equals the budget.
 #include <cmath>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/snapkv.h"
 
 namespace kvevict {

@@ -1,6 +1,6 @@
 #include "policies/registry.h"
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {

@@ -1,7 +1,7 @@
 // Scissorhands (persistence of importance): over the last `window` queries, count
 // how often each key's attention exceeded the uniform share 1/n; evict the keys
 // least often important. The recent window is never evicted.
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/windowed_attention.h"
 
 namespace kvevict {

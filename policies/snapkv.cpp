@@ -1,6 +1,6 @@
 #include "policies/snapkv.h"
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

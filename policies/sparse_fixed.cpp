@@ -4,7 +4,7 @@
 // are never attended again, so the cache drops them: memory follows the pattern.
 #include <algorithm>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {

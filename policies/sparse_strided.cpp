@@ -2,7 +2,7 @@
 // attends keys j <= i with i - j < l or (i - j) mod l = 0. Every key is attended again
 // l steps later, so the cache can never drop one: attention is sparse, memory is full
 // (see static_pattern.h).
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <unordered_set>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "tasks/jsonl.h"
 
 namespace kvevict {

@@ -11,7 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 
 namespace kvevict {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <set>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "tasks/python_text.h"
 #include "tasks/rouge.h"
 

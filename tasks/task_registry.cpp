@@ -3,7 +3,7 @@
 #include <memory>
 #include <utility>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "tasks/task.h"
 
 namespace kvevict {

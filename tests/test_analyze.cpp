@@ -3,9 +3,9 @@
 
 #include <filesystem>
 
-#include "harness/analyze.h"
-#include "harness/errors.h"
-#include "harness/model.h"
+#include "harness/analysis/analyze.h"
+#include "harness/common/errors.h"
+#include "harness/model/model.h"
 #include "tests/test_support.h"
 #undef CHECK
 #undef CHECK_EQ

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/errors.h"
-#include "harness/tokenizer.h"
+#include "harness/common/errors.h"
+#include "harness/tokenizers/tokenizer.h"
 #include "tests/test_support.h"
 
 namespace {

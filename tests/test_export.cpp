@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "notebooks-export/notebook.h"
 #include "notebooks-export/results_csv.h"
 #include "notebooks-export/results_table.h"
@@ -245,11 +245,17 @@ TEST_CASE("a torn last row is ignored, and repair truncates it", "[export]") {
     CHECK(kvevict::read_results_csv(path, true).size() == 2);
     CHECK(kvevict::test::read_text(path) == whole);
   }
-  SECTION("a last line with a newline but too few fields") {
+  SECTION("a last line with its newline but too few fields is an error, not a torn write") {
     append_text(path, "tiny-llama,copa,h2o\n");
-    CHECK(kvevict::read_results_csv(path).size() == 2);
-    CHECK(kvevict::read_results_csv(path, true).size() == 2);
-    CHECK(kvevict::test::read_text(path) == whole);
+    CHECK_THAT(error_message([&] { kvevict::read_results_csv(path, true); }),
+               Catch::Contains(path + ":4:") && Catch::Contains("expected 25 fields"));
+    CHECK(kvevict::test::read_text(path) == whole + "tiny-llama,copa,h2o\n");  // untouched
+  }
+  SECTION("a stray quote in the middle does not swallow the rest as a torn line") {
+    const std::string good = kvevict::format_row(make_row("rte", "full", std::nullopt, "acc", 0.5)) + "\n";
+    write_text(path, whole + "\"tiny-llama,copa,h2o\n" + good + good);
+    CHECK_THAT(error_message([&] { kvevict::read_results_csv(path, true); }), Catch::Contains(path + ":4:"));
+    CHECK(kvevict::test::read_text(path) == whole + "\"tiny-llama,copa,h2o\n" + good + good);
   }
   SECTION("appending after a torn row cuts the torn part first") {
     append_text(path, next_line.substr(0, 10));

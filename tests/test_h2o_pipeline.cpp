@@ -5,12 +5,12 @@
 #include <fstream>
 #include <map>
 
-#include "harness/errors.h"
-#include "harness/evaluator.h"
-#include "harness/h2o_adaptor.h"
-#include "harness/model.h"
-#include "harness/scorer.h"
-#include "harness/sweep.h"
+#include "harness/common/errors.h"
+#include "harness/eval/evaluator.h"
+#include "harness/eval/h2o_adaptor.h"
+#include "harness/model/model.h"
+#include "harness/runtime/scorer.h"
+#include "harness/sweep/sweep.h"
 #include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"

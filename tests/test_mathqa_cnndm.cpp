@@ -9,10 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/errors.h"
-#include "harness/evaluator.h"
-#include "harness/model.h"
-#include "harness/sweep.h"
+#include "harness/common/errors.h"
+#include "harness/eval/evaluator.h"
+#include "harness/model/model.h"
+#include "harness/sweep/sweep.h"
 #include "tasks/jsonl.h"
 #include "tasks/task.h"
 #include "tests/test_support.h"

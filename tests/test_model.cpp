@@ -2,10 +2,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/attention.h"
-#include "harness/errors.h"
-#include "harness/model.h"
-#include "harness/scorer.h"
+#include "harness/runtime/attention.h"
+#include "harness/common/errors.h"
+#include "harness/model/model.h"
+#include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.

@@ -1,9 +1,9 @@
 // The eviction hook: paper goldens, sim == decode for every realisable policy, the
 // cache bound in decode mode, and bad policy input.
 
-#include "harness/errors.h"
-#include "harness/model.h"
-#include "harness/scorer.h"
+#include "harness/common/errors.h"
+#include "harness/model/model.h"
+#include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.

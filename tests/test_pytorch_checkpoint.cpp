@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/errors.h"
-#include "harness/pytorch_checkpoint.h"
-#include "harness/safetensors.h"
+#include "harness/common/errors.h"
+#include "harness/model/pytorch_checkpoint.h"
+#include "harness/model/safetensors.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK

@@ -4,9 +4,9 @@
 #include <random>
 #include <set>
 
-#include "harness/errors.h"
-#include "harness/model.h"
-#include "harness/scorer.h"
+#include "harness/common/errors.h"
+#include "harness/model/model.h"
+#include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "policies/static_pattern.h"
 #include "tests/test_support.h"

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness/data_dir.h"
-#include "harness/model.h"
+#include "harness/common/data_dir.h"
+#include "harness/model/model.h"
 
 namespace kvevict::test {
 
@@ -44,6 +44,8 @@ std::string temp_dir(const std::string& name) {
   std::filesystem::create_directories(dir);
   return dir.string();
 }
+
+std::string kvevict_binary() { return KVEVICT_BINARY; }
 
 CommandResult run_kvevict(const std::string& args) {
   static int counter = 0;

@@ -26,6 +26,8 @@ struct CommandResult {
   std::string out;  // stdout
   std::string err;  // stderr
 };
+// The kvevict binary under test (for tests that start it in the background themselves).
+std::string kvevict_binary();
 // Runs the kvevict binary with the given argument string (shell-quoted by the caller).
 CommandResult run_kvevict(const std::string& args);
 

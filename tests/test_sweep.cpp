@@ -3,8 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/errors.h"
-#include "harness/sweep.h"
+#include "harness/common/errors.h"
+#include "harness/sweep/sweep.h"
 #include "notebooks-export/results_csv.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/errors.h"
+#include "harness/common/errors.h"
 #include "tasks/fewshot.h"
 #include "tasks/jsonl.h"
 #include "tasks/metrics.h"

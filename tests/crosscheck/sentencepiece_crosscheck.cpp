@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/data_dir.h"
-#include "harness/tokenizer.h"
+#include "harness/common/data_dir.h"
+#include "harness/tokenizers/tokenizer.h"
 
 namespace {
 

@@ -1,0 +1,604 @@
+#include "harness/analysis/analyze.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "harness/common/data_dir.h"
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
+#include "notebooks-export/results_csv.h"
+#include "notebooks-export/svg_plot.h"
+#include "policies/registry.h"
+#include "tasks/task.h"
+
+namespace kvevict {
+
+double LayerStatistics::sparsity() const {
+  double sparse = 0, entries = 0;
+  for (const auto& h : heads) {
+    sparse += h.sparse;
+    entries += h.entries;
+  }
+  return entries ? sparse / entries : 0;
+}
+
+namespace {
+template <typename Field>
+double head_mean(const std::vector<HeadStatistics>& heads, Field field) {
+  double total = 0;
+  int n = 0;
+  for (const auto& h : heads)
+    if (h.fits) {
+      total += field(h) / h.fits;
+      ++n;
+    }
+  return n ? total / n : 0;
+}
+}  // namespace
+
+double LayerStatistics::slope() const { return head_mean(heads, [](const HeadStatistics& h) { return h.slope; }); }
+double LayerStatistics::intercept() const {
+  return head_mean(heads, [](const HeadStatistics& h) { return h.intercept; });
+}
+double LayerStatistics::r2() const { return head_mean(heads, [](const HeadStatistics& h) { return h.r2; }); }
+double LayerStatistics::top20() const { return head_mean(heads, [](const HeadStatistics& h) { return h.top20; }); }
+double LayerStatistics::persistence_at(int delta) const {
+  auto found = persistence.find(delta);
+  return found == persistence.end() || found->second.second == 0 ? 0 : found->second.first / found->second.second;
+}
+
+namespace {
+
+// Least squares ln(acc) = a + b ln(rank) over ranks 1..T of acc sorted descending
+// (entries that underflowed to 0 have no logarithm and are left out).
+struct PowerLawFit {
+  double slope = 0, intercept = 0, r2 = 0;
+  bool ok = false;
+};
+PowerLawFit fit_power_law(const std::vector<double>& sorted) {
+  std::vector<double> x, y;
+  for (size_t r = 0; r < sorted.size(); ++r)
+    if (sorted[r] > 0) {
+      x.push_back(std::log(static_cast<double>(r + 1)));
+      y.push_back(std::log(sorted[r]));
+    }
+  PowerLawFit fit;
+  const double n = static_cast<double>(x.size());
+  if (x.size() < 3) return fit;
+  double mx = 0, my = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    mx += x[k];
+    my += y[k];
+  }
+  mx /= n;
+  my /= n;
+  double sxx = 0, sxy = 0, syy = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    sxx += (x[k] - mx) * (x[k] - mx);
+    sxy += (x[k] - mx) * (y[k] - my);
+    syy += (y[k] - my) * (y[k] - my);
+  }
+  fit.slope = sxy / sxx;
+  fit.intercept = my - fit.slope * mx;
+  double residual = 0;
+  for (size_t k = 0; k < x.size(); ++k) {
+    const double e = y[k] - (fit.intercept + fit.slope * x[k]);
+    residual += e * e;
+  }
+  fit.r2 = syy > 0 ? 1 - residual / syy : 1;
+  fit.ok = true;
+  return fit;
+}
+
+struct RecallRun {
+  std::string policy;
+  double budget;
+  std::unique_ptr<Policy> made;
+  std::unique_ptr<LayerState> state;
+};
+
+// The statistics of one sequence, fed row block by row block, layer by layer.
+class SequenceAnalyzer {
+ public:
+  SequenceAnalyzer(const AnalyzeOptions& options, AttentionAnalysis& out, bool record_profile)
+      : options_(options), out_(out), record_profile_(record_profile) {
+    for (int d : options.persistence_deltas) max_delta_ = std::max(max_delta_, d);
+  }
+
+  void begin_layer(int layer, int T, int hq, int hkv, const float* key_norms, const SequenceShape& shape) {
+    layer_ = layer;
+    T_ = T;
+    hq_ = hq;
+    hkv_ = hkv;
+    key_norms_ = key_norms;
+    if (static_cast<int>(out_.layers.size()) <= layer) out_.layers.resize(layer + 1);
+    auto& stats = out_.layers[layer];
+    if (stats.heads.size() < static_cast<size_t>(hq)) stats.heads.resize(hq);
+    acc_.assign(hq, std::vector<double>(T, 0.0));
+    k_ = std::max(1, static_cast<int>(options_.persistence_k_ratio * T));
+    ring_.assign(hq, std::vector<std::vector<int>>(max_delta_ + 1));
+    runs_.clear();
+    for (const auto& name : options_.recall_policies)
+      for (double budget : options_.recall_budgets) {
+        PolicyOptions o = options_.policy_options;
+        o.budget.ratio = budget;
+        RecallRun run{name, budget, make_policy(name, o), nullptr};
+        if (!run.made->realisable()) continue;  // noted once by analyze_attention
+        run.made->validate(shape);
+        run.state = run.made->make_layer_state(layer, shape);
+        runs_.push_back(std::move(run));
+      }
+  }
+
+  // probs: [hq][rows][width], row r is query first + r over keys 0..width-1.
+  void rows(int first, int rows, int width, const double* probs) {
+    auto& stats = out_.layers[layer_];
+    std::vector<int> order;
+    for (int r = 0; r < rows; ++r) {
+      const int i = first + r;
+      for (int h = 0; h < hq_; ++h) {
+        const double* p = probs + (static_cast<size_t>(h) * rows + r) * width;
+        double top = 0;
+        for (int j = 0; j <= i; ++j) top = std::max(top, p[j]);
+        int sparse = 0;
+        for (int j = 0; j <= i; ++j) sparse += p[j] < 0.01 * top;
+        stats.heads[h].sparse += sparse;
+        stats.heads[h].entries += i + 1;
+        auto& acc = acc_[h];
+        for (int j = 0; j <= i; ++j) acc[j] += p[j];
+        if (i + 1 > k_) {
+          // The heavy hitters after query i, and their overlap with those delta steps before.
+          order.resize(i + 1);
+          for (int j = 0; j <= i; ++j) order[j] = j;
+          std::nth_element(order.begin(), order.begin() + k_, order.end(), [&](int a, int b) {
+            return acc[a] != acc[b] ? acc[a] > acc[b] : a < b;
+          });
+          std::vector<int>& current = ring_[h][i % (max_delta_ + 1)];
+          current.assign(order.begin(), order.begin() + k_);
+          std::sort(current.begin(), current.end());
+          for (int delta : options_.persistence_deltas) {
+            const int before = i - delta;
+            if (before < k_) continue;
+            const auto& earlier = ring_[h][before % (max_delta_ + 1)];
+            std::vector<int> common;
+            std::set_intersection(earlier.begin(), earlier.end(), current.begin(), current.end(),
+                                  std::back_inserter(common));
+            auto& slot = stats.persistence[delta];
+            slot.first += static_cast<double>(common.size()) / k_;
+            slot.second += 1;
+          }
+        }
+      }
+      for (auto& run : runs_) step_recall(run, i, rows, r, width, probs);
+    }
+  }
+
+  void end_layer() {
+    auto& stats = out_.layers[layer_];
+    std::vector<double> profile(T_, 0.0);
+    const int top = static_cast<int>(std::ceil(0.2 * T_));
+    for (int h = 0; h < hq_; ++h) {
+      std::vector<double> sorted = acc_[h];
+      std::sort(sorted.begin(), sorted.end(), std::greater<double>());
+      double total = 0, head = 0;
+      for (int r = 0; r < T_; ++r) {
+        total += sorted[r];
+        if (r < top) head += sorted[r];
+        profile[r] += sorted[r] / hq_;
+      }
+      PowerLawFit fit = fit_power_law(sorted);
+      if (!fit.ok) continue;
+      auto& hs = stats.heads[h];
+      hs.slope += fit.slope;
+      hs.intercept += fit.intercept;
+      hs.r2 += fit.r2;
+      hs.top20 += total > 0 ? head / total : 0;
+      hs.fits += 1;
+    }
+    if (record_profile_) stats.rank_profile = profile;
+    runs_.clear();
+  }
+
+ private:
+  // The policy's kept set for query i, the full-attention mass it holds, and the
+  // renormalised attention it observes (what sim mode would show it on these logits).
+  void step_recall(RecallRun& run, int i, int rows, int r, int width, const double* probs) {
+    LayerState& state = *run.state;
+    state.append(i, key_norms_ + static_cast<size_t>(i) * hkv_);
+    const int n = state.size(), group = hq_ / hkv_;
+    observed_.assign(static_cast<size_t>(hq_) * n, 0.0f);
+    auto& stats = out_.layers[layer_].recall[run.policy][run.budget];
+    std::vector<char> visible;
+    for (int kv = 0; kv < hkv_; ++kv) {
+      const bool masked = state.visible_slots(kv, i, &visible);
+      const std::vector<int>& pos = state.positions(kv);
+      int attended = 0;
+      for (int s = 0; s < n; ++s) attended += !masked || visible[s];
+      for (int h = kv * group; h < (kv + 1) * group; ++h) {
+        const double* p = probs + (static_cast<size_t>(h) * rows + r) * width;
+        double mass = 0;
+        for (int s = 0; s < n; ++s)
+          if (!masked || visible[s]) mass += p[pos[s]];
+        float* out = observed_.data() + static_cast<size_t>(h) * n;
+        for (int s = 0; s < n; ++s)
+          if (!masked || visible[s]) out[s] = static_cast<float>(mass > 0 ? p[pos[s]] / mass : 1.0 / attended);
+        stats.recall_sum += mass;
+        stats.attended_sum += attended - 1;
+        stats.rows += 1;
+      }
+    }
+    state.observe(observed_.data());
+    state.compress(nullptr);
+  }
+
+  const AnalyzeOptions& options_;
+  AttentionAnalysis& out_;
+  bool record_profile_;
+  int max_delta_ = 0, layer_ = 0, T_ = 0, hq_ = 0, hkv_ = 0, k_ = 1;
+  const float* key_norms_ = nullptr;
+  std::vector<std::vector<double>> acc_;
+  std::vector<std::vector<std::vector<int>>> ring_;  // [head][step % (max delta + 1)]: top-k keys
+  std::vector<RecallRun> runs_;
+  std::vector<float> observed_;
+};
+
+// Full causal attention (the same as FullAttention) computed in blocks of query rows;
+// each block's probabilities go to the analyzer and are dropped.
+class ObservedAttention : public AttentionBackend {
+ public:
+  ObservedAttention(SequenceAnalyzer& analyzer, SequenceShape shape, int block_rows)
+      : analyzer_(analyzer), shape_(shape), block_rows_(std::max(1, block_rows)) {}
+
+  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       int64_t start) override {
+    if (start != 0) throw Error("analyze runs one pass over the whole sequence");
+    const int64_t T = q.size(0), hq = q.size(1), hkv = k.size(1), d = q.size(2), g = hq / hkv;
+    const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    auto qh = q.permute({1, 0, 2}).to(acc);                                 // [Hq, T, d]
+    auto kh = k.permute({1, 0, 2}).repeat_interleave(g, 0).to(acc);          // query head h uses KV head h / g
+    auto vh = v.permute({1, 0, 2}).repeat_interleave(g, 0).to(acc);
+    auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
+    analyzer_.begin_layer(layer, static_cast<int>(T), static_cast<int>(hq), static_cast<int>(hkv),
+                          norms.data_ptr<float>(), shape_);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    std::vector<torch::Tensor> outputs;
+    for (int64_t first = 0; first < T; first += block_rows_) {
+      const int64_t rows = std::min<int64_t>(block_rows_, T - first), width = first + rows;
+      auto logits = torch::bmm(qh.narrow(1, first, rows), kh.narrow(1, 0, width).transpose(1, 2)) * scale;
+      auto future = torch::ones({rows, width}, torch::kBool).triu(first + 1).to(q.device());
+      auto probs = torch::softmax(logits.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
+      outputs.push_back(torch::bmm(probs, vh.narrow(1, 0, width)));
+      auto host = probs.to(torch::kCPU, torch::kFloat64).contiguous();
+      analyzer_.rows(static_cast<int>(first), static_cast<int>(rows), static_cast<int>(width), host.data_ptr<double>());
+    }
+    analyzer_.end_layer();
+    return torch::cat(outputs, 1).permute({1, 0, 2}).reshape({T, hq * d}).to(q.scalar_type());
+  }
+
+ private:
+  SequenceAnalyzer& analyzer_;
+  SequenceShape shape_;
+  int block_rows_;
+};
+
+std::string number_text(double value) { return format_number(value); }
+
+}  // namespace
+
+AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
+                                    const AnalyzeOptions& options) {
+  AttentionAnalysis out;
+  for (const auto& name : options.recall_policies) {
+    PolicyOptions o = options.policy_options;
+    o.budget.ratio = 0.5;
+    if (!make_policy(name, o)->realisable())
+      out.notes.push_back(name + ": sim-only (it needs the unmasked softmax), no recall");
+  }
+  size_t longest = 0;
+  for (size_t s = 0; s < sequences.size(); ++s)
+    if (sequences[s].size() > sequences[longest].size()) longest = s;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const auto& tokens = sequences[s];
+    if (tokens.empty()) continue;
+    SequenceShape shape;
+    shape.length = static_cast<int>(tokens.size());
+    shape.n_layers = static_cast<int>(model.arch().n_layers);
+    shape.n_q_heads = static_cast<int>(model.arch().n_heads);
+    shape.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
+    SequenceAnalyzer analyzer(options, out, s == longest);
+    ObservedAttention attention(analyzer, shape, options.block_rows);
+    model.forward(tokens, 0, attention);
+    out.sequences += 1;
+    out.tokens += static_cast<int64_t>(tokens.size());
+  }
+  return out;
+}
+
+nlohmann::json AttentionAnalysis::to_json(const AnalyzeOptions& options) const {
+  nlohmann::json j;
+  j["sequences"] = sequences;
+  j["tokens"] = tokens;
+  j["persistence_k_ratio"] = options.persistence_k_ratio;
+  j["notes"] = notes;
+  j["layers"] = nlohmann::json::array();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto& s = layers[l];
+    nlohmann::json layer = {{"layer", l},          {"sparsity", s.sparsity()}, {"powerlaw_slope", s.slope()},
+                            {"powerlaw_r2", s.r2()}, {"top20_mass", s.top20()}};
+    for (int delta : options.persistence_deltas) layer["persistence"][std::to_string(delta)] = s.persistence_at(delta);
+    for (const auto& [policy, by_budget] : s.recall)
+      for (const auto& [budget, r] : by_budget) {
+        layer["recall"][policy][number_text(budget)] = r.recall();
+        layer["attended"][policy][number_text(budget)] = r.attended();
+      }
+    j["layers"].push_back(layer);
+  }
+  return j;
+}
+
+std::string AttentionAnalysis::to_csv(const AnalyzeOptions& options) const {
+  std::ostringstream csv;
+  csv << "layer,head,statistic,policy,budget,delta,value\n";
+  auto line = [&](size_t layer, const std::string& head, const std::string& statistic, const std::string& policy,
+                  const std::string& budget, const std::string& delta, double value) {
+    csv << layer << "," << head << "," << statistic << "," << csv_quote(policy) << "," << budget << "," << delta << ","
+        << number_text(value) << "\n";
+  };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto& s = layers[l];
+    line(l, "all", "sparsity", "", "", "", s.sparsity());
+    line(l, "all", "powerlaw_slope", "", "", "", s.slope());
+    line(l, "all", "powerlaw_r2", "", "", "", s.r2());
+    line(l, "all", "top20_mass", "", "", "", s.top20());
+    for (size_t h = 0; h < s.heads.size(); ++h) {
+      const auto& hs = s.heads[h];
+      const std::string head = std::to_string(h);
+      if (hs.entries) line(l, head, "sparsity", "", "", "", hs.sparse / hs.entries);
+      if (!hs.fits) continue;
+      line(l, head, "powerlaw_slope", "", "", "", hs.slope / hs.fits);
+      line(l, head, "powerlaw_r2", "", "", "", hs.r2 / hs.fits);
+      line(l, head, "top20_mass", "", "", "", hs.top20 / hs.fits);
+    }
+    for (int delta : options.persistence_deltas)
+      line(l, "all", "persistence", "", "", std::to_string(delta), s.persistence_at(delta));
+    for (const auto& [policy, by_budget] : s.recall)
+      for (const auto& [budget, r] : by_budget) {
+        line(l, "all", "recall", policy, number_text(budget), "", r.recall());
+        line(l, "all", "attended", policy, number_text(budget), "", r.attended());
+      }
+  }
+  return csv.str();
+}
+
+std::vector<std::string> AttentionAnalysis::write_plots(const AnalyzeOptions&, const std::string& dir) const {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) throw Error(dir + ": cannot create plot directory: " + error.message());
+  std::vector<std::pair<std::string, PlotSpec>> plots;
+
+  PlotSpec sparsity;
+  sparsity.title = "Attention sparsity per layer (entries < 1% of the row maximum)";
+  sparsity.x_title = "layer";
+  sparsity.y_title = "sparsity";
+  PlotSeries sparse_series, top_series;
+  sparse_series.label = "sparsity";
+  top_series.label = "top-20% key mass";
+  for (size_t l = 0; l < layers.size(); ++l) {
+    sparse_series.points.push_back({static_cast<double>(l), layers[l].sparsity(), std::nullopt});
+    top_series.points.push_back({static_cast<double>(l), layers[l].top20(), std::nullopt});
+  }
+  sparsity.series = {sparse_series, top_series};
+  plots.push_back({"sparsity_per_layer.svg", sparsity});
+
+  PlotSpec rank;
+  rank.title = "Accumulated attention by rank (log-log) and the power-law fit";
+  rank.x_title = "ln rank";
+  rank.y_title = "ln accumulated attention (mean over heads)";
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto& s = layers[l];
+    PlotSeries data, fit;
+    data.label = "layer " + std::to_string(l);
+    data.markers = false;
+    data.colour = fit.colour = static_cast<int>(l);
+    for (size_t r = 0; r < s.rank_profile.size(); ++r)
+      if (s.rank_profile[r] > 0)
+        data.points.push_back({std::log(static_cast<double>(r + 1)), std::log(s.rank_profile[r]), std::nullopt});
+    if (data.points.empty()) continue;
+    fit.label = "fit, slope " + format_number(std::round(s.slope() * 1000) / 1000);
+    fit.markers = false;
+    fit.dashed = true;
+    const double x_end = data.points.back().x;
+    fit.points = {{0.0, s.intercept(), std::nullopt}, {x_end, s.intercept() + s.slope() * x_end, std::nullopt}};
+    rank.series.push_back(data);
+    rank.series.push_back(fit);
+  }
+  plots.push_back({"powerlaw_rank.svg", rank});
+
+  PlotSpec recall;
+  recall.title = "Attention recall: full-attention mass in the kept set (mean over layers)";
+  recall.x_title = "KV budget (fraction of the sequence)";
+  recall.y_title = "attention recall";
+  std::map<std::string, std::map<double, std::pair<double, int>>> by_policy;
+  std::vector<std::string> order;
+  for (const auto& s : layers)
+    for (const auto& [policy, by_budget] : s.recall) {
+      if (!by_policy.count(policy)) order.push_back(policy);
+      for (const auto& [budget, r] : by_budget) {
+        by_policy[policy][budget].first += r.recall();
+        by_policy[policy][budget].second += 1;
+      }
+    }
+  for (const auto& policy : order) {
+    PlotSeries series;
+    series.label = policy;
+    for (const auto& [budget, sum] : by_policy[policy])
+      series.points.push_back({budget, sum.first / sum.second, std::nullopt});
+    recall.series.push_back(series);
+  }
+  if (!recall.series.empty()) plots.push_back({"recall_vs_budget.svg", recall});
+
+  std::vector<std::string> paths;
+  for (const auto& [name, plot] : plots) {
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << render_svg(plot);
+    out.close();
+    if (!out) throw Error(path + ": cannot write SVG plot");
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+// ---------------------------------------------------------------------------------
+namespace {
+
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// The token sequences to analyse: one per text/tokens file, one per task request.
+std::vector<std::vector<int>> analyze_sequences(const Model& model, const AnalyzeArgs& a, const std::string& data) {
+  std::vector<std::vector<int>> sequences;
+  auto cut_front = [](std::vector<int>& ids, int keep) {
+    if (keep > 0 && static_cast<int>(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
+  };
+  if (!a.text_file.empty() || !a.tokens_file.empty()) {
+    std::vector<int> ids = a.tokens_file.empty() ? model.encode(read_text_file(a.text_file), true)
+                                                 : read_tokens_file(a.tokens_file);
+    if (a.max_tokens > 0 && static_cast<int>(ids.size()) > a.max_tokens) ids.resize(a.max_tokens);
+    sequences.push_back(ids);
+    return sequences;
+  }
+  auto task = make_task(a.task);
+  TaskOptions options;
+  options.data_dir = data;
+  options.shots = a.shots;
+  options.seed = a.fewshot_seed;
+  options.limit = a.limit;
+  const int window = std::min<int>(a.max_length, static_cast<int>(model.arch().max_positions));
+  if (task->kind() == TaskKind::MultipleChoice) {
+    const Tokenizer& tokenizer = model.require_tokenizer();
+    for (const auto& doc : task->multiple_choice_docs(options))
+      for (const auto& request : doc.requests) {
+        std::vector<int> ids = model.encode(request.context, a.bos);
+        for (int id : tokenizer.encode(request.continuation)) ids.push_back(id);
+        cut_front(ids, window);
+        sequences.push_back(ids);
+      }
+  } else if (task->kind() == TaskKind::Generation) {
+    for (const auto& doc : task->generation_docs(options)) {
+      std::vector<int> ids = model.encode(doc.prompt, true);
+      cut_front(ids, window);
+      sequences.push_back(ids);
+    }
+  } else {
+    std::vector<int> ids = model.encode(read_text_file(data + "/text/tinystories_sample.txt"), true);
+    if (static_cast<int>(ids.size()) > window) ids.resize(window);
+    sequences.push_back(ids);
+  }
+  if (sequences.empty()) throw Error("task " + a.task + " gave no requests to analyse");
+  return sequences;
+}
+
+}  // namespace
+
+namespace {
+
+int run_analyze_once(AnalyzeArgs a, const std::string& data_override);
+
+// Each entry of the config's "analyze" list names an output subfolder and overrides
+// the command-line settings: text_file (relative to the data folder), task, limit,
+// shots, max_tokens, recall_policies, recall_budgets, deltas.
+int run_analyze_config(const AnalyzeArgs& base, const std::string& data_override) {
+  if (base.out.empty()) throw Error("analyze --config needs --out DIR");
+  const nlohmann::json config = read_json_file(base.config);
+  if (!config.contains("analyze") || !config["analyze"].is_array())
+    throw Error(base.config + ": no \"analyze\" list");
+  for (const auto& entry : config["analyze"]) {
+    AnalyzeArgs a = base;
+    a.config.clear();
+    try {
+      const std::string name = entry.at("name").get<std::string>();
+      a.out = (std::filesystem::path(base.out) / name).string();
+      a.text_file.clear();
+      a.tokens_file.clear();
+      if (entry.contains("text_file")) a.text_file = data_path(entry["text_file"].get<std::string>(), data_override);
+      a.task = entry.value("task", std::string());
+      a.limit = entry.value("limit", a.limit);
+      a.shots = entry.value("shots", a.shots);
+      a.max_tokens = entry.value("max_tokens", a.max_tokens);
+      if (entry.contains("recall_policies")) {
+        a.recall_policies.clear();
+        for (const auto& p : entry["recall_policies"]) a.recall_policies += (a.recall_policies.empty() ? "" : ",") + p.get<std::string>();
+      }
+      if (entry.contains("recall_budgets")) a.recall_budgets = entry["recall_budgets"].get<std::vector<double>>();
+      if (entry.contains("deltas")) a.deltas = entry["deltas"].get<std::vector<int>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(base.config + ": an \"analyze\" entry is malformed (" + e.what() + ")");
+    }
+    std::cerr << "analyze " << a.out << std::endl;
+    run_analyze_once(a, data_override);
+  }
+  return 0;
+}
+
+int run_analyze_once(AnalyzeArgs a, const std::string& data_override) {
+  if (a.text_file.empty() && a.tokens_file.empty() && a.task.empty())
+    throw Error("analyze needs --text-file, --tokens-file or --task");
+  if (a.format != "json" && a.format != "csv") throw Error("unknown --format \"" + a.format + "\" (use json or csv)");
+  if (!(a.heavy_k_ratio > 0 && a.heavy_k_ratio <= 1)) throw Error("--heavy-k-ratio must lie in (0, 1]");
+  for (int d : a.deltas)
+    if (d < 1) throw Error("--deltas: " + std::to_string(d) + " is not a positive step distance");
+  for (double b : a.recall_budgets)
+    if (!(b > 0 && b <= 1)) throw Error("--recall-budgets: " + std::to_string(b) + " is outside (0, 1]");
+  if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
+  if (!a.text_file.empty() + !a.tokens_file.empty() + !a.task.empty() > 1)
+    throw Error("analyze takes one of --text-file, --tokens-file or --task");
+  AnalyzeOptions options;
+  if (!a.recall_policies.empty())
+    options.recall_policies = a.recall_policies == "none" ? std::vector<std::string>{} : split_list(a.recall_policies);
+  for (const auto& name : options.recall_policies) make_policy(name, a.policy_options);  // unknown names fail here
+  options.recall_budgets = a.recall_budgets;
+  options.persistence_deltas = a.deltas;
+  options.persistence_k_ratio = a.heavy_k_ratio;
+  options.block_rows = a.block_rows;
+  options.policy_options = a.policy_options;
+  auto model = Model::load(a.model, a.runtime);
+  auto sequences = analyze_sequences(*model, a, data_dir(data_override));
+  AttentionAnalysis analysis = analyze_attention(*model, sequences, options);
+  nlohmann::json j = analysis.to_json(options);
+  j["model"] = a.model;
+  j["source"] = !a.text_file.empty() ? a.text_file : !a.tokens_file.empty() ? a.tokens_file : "task:" + a.task;
+  if (!a.out.empty()) {
+    std::filesystem::create_directories(a.out);
+    std::ofstream((std::filesystem::path(a.out) / "analysis.json").string()) << j.dump(2) << "\n";
+    std::ofstream((std::filesystem::path(a.out) / "analysis.csv").string()) << analysis.to_csv(options);
+    for (const auto& path : analysis.write_plots(options, (std::filesystem::path(a.out) / "plots").string()))
+      std::cerr << "wrote " << path << "\n";
+  }
+  if (a.format == "json")
+    std::cout << j.dump() << std::endl;
+  else
+    std::cout << analysis.to_csv(options);
+  return 0;
+}
+
+}  // namespace
+
+int run_analyze(const AnalyzeArgs& args, const std::string& data_override) {
+  if (!args.config.empty()) return run_analyze_config(args, data_override);
+  return run_analyze_once(args, data_override);
+}
+
+}  // namespace kvevict

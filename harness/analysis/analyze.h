@@ -1,0 +1,93 @@
+// `kvevict analyze`: the H2O paper's observations about attention, measured on any
+// supported model over a text, a tokens file or a task's requests.
+//   - sparsity (the paper's 1%-of-row-maximum rule), the power-law fit of accumulated
+//     attention and the share of it the top 20% of keys hold (definitions in
+//     ../shared/data/golden/README.md, "Attention statistics");
+//   - persistence of heavy hitters: overlap of the top-k keys by accumulated attention
+//     at step t and at step t + delta;
+//   - attention recall: the share of full attention each policy's kept set holds, with
+//     the policy's LayerState run alongside full attention in every layer.
+// The model runs with full attention through ObservedAttention, which computes each
+// layer in blocks of query rows and hands every block's probabilities to the analysis
+// before dropping them: memory is O(heads x block x T), never [layers, heads, T, T].
+#pragma once
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/model/model.h"
+#include "policies/policy.h"
+
+namespace kvevict {
+
+struct AnalyzeOptions {
+  std::vector<std::string> recall_policies = {"local", "h2o", "sparse-strided", "sparse-fixed", "h2o+sparse-strided"};
+  std::vector<double> recall_budgets = {0.1, 0.2, 0.3, 0.5};
+  PolicyOptions policy_options;  // window, stride, ... for the recall policies (budget set per run)
+  std::vector<int> persistence_deltas = {1, 4, 16, 64};
+  double persistence_k_ratio = 0.1;  // heavy-hitter set size as a share of the sequence
+  int block_rows = 256;              // query rows per attention block
+};
+
+// Averages over sequences (and heads where the statistic is per head).
+struct HeadStatistics {
+  double sparse = 0, entries = 0;  // entries below 1% of the row maximum / causal entries
+  double slope = 0, intercept = 0, r2 = 0, top20 = 0;
+  int fits = 0;  // sequences behind slope / r2 / top20
+};
+
+struct RecallStatistics {
+  double recall_sum = 0, attended_sum = 0;  // over rows x query heads
+  double rows = 0;
+  double recall() const { return rows ? recall_sum / rows : 0; }
+  double attended() const { return rows ? attended_sum / rows : 0; }  // keys besides the query itself
+};
+
+struct LayerStatistics {
+  std::vector<HeadStatistics> heads;
+  std::map<int, std::pair<double, double>> persistence;  // delta -> (overlap sum, count)
+  std::map<std::string, std::map<double, RecallStatistics>> recall;  // policy -> budget -> stats
+  // The longest sequence's accumulated attention sorted descending, mean over heads.
+  std::vector<double> rank_profile;
+
+  double sparsity() const;
+  double slope() const;
+  double intercept() const;
+  double r2() const;
+  double top20() const;
+  double persistence_at(int delta) const;
+};
+
+struct AttentionAnalysis {
+  std::vector<LayerStatistics> layers;
+  int sequences = 0;
+  int64_t tokens = 0;
+  std::vector<std::string> notes;  // policies skipped, and why
+  nlohmann::json to_json(const AnalyzeOptions& options) const;
+  // Long format: layer,head,statistic,policy,budget,delta,value ("all" heads: the layer).
+  std::string to_csv(const AnalyzeOptions& options) const;
+  // sparsity_per_layer.svg, powerlaw_rank.svg, recall_vs_budget.svg; returns the paths.
+  std::vector<std::string> write_plots(const AnalyzeOptions& options, const std::string& dir) const;
+};
+
+// Runs `model` with full attention over each sequence and collects the statistics.
+AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
+                                    const AnalyzeOptions& options);
+
+// `kvevict analyze`: one text, tokens file or task, or with `config` every entry of a
+// config's "analyze" list.
+struct AnalyzeArgs {
+  std::string model, text_file, tokens_file, task, out, recall_policies, format = "json", config;
+  int max_tokens = 512, limit = 20, shots = 0, max_length = 1024, fewshot_seed = 42;
+  bool bos = false;
+  std::vector<double> recall_budgets = {0.1, 0.2, 0.3, 0.5};
+  std::vector<int> deltas = {1, 4, 16, 64};
+  double heavy_k_ratio = 0.1;
+  int block_rows = 256;
+  PolicyOptions policy_options;
+  ModelOptions runtime;
+};
+int run_analyze(const AnalyzeArgs& args, const std::string& data_override);
+
+}  // namespace kvevict

@@ -1,0 +1,385 @@
+// Benchmarks that print numbers. `kvevict bench` times model load, greedy generation
+// and a full-sequence forward; with --config it times the eviction hook itself:
+// sim-mode forwards under each policy and decode steps at a budget, each as a ratio
+// to full attention in the same run (absolute numbers vary between machines).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "harness/model/architecture.h"
+#include "harness/common/atomic_file.h"
+#include "harness/runtime/attention.h"
+#include "harness/cli/commands.h"
+#include "harness/common/data_dir.h"
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
+#include "harness/runtime/scorer.h"
+#include "harness/model/threads.h"
+#include "harness/runtime/roofline.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best of `repeat` runs of fn, in seconds.
+template <typename Fn>
+double best_time(int repeat, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(3, vocab - 1);
+  std::vector<int> ids(n);
+  for (auto& id : ids) id = pick(rng);
+  return ids;
+}
+
+struct StepTime {
+  double total = 1e30;      // seconds per decode step
+  double attention = 1e30;  // of which inside attention (scores, softmax, values, eviction)
+  int64_t held_bytes = 0;   // K/V memory the cache held at the end
+  int64_t cached_tokens = 0;
+};
+
+// Per decode step after a prefill of `prefill` tokens (compressed to the policy's
+// budget), averaged over `steps` steps; the best of `repeat` runs.
+StepTime decode_step_time(const Model& model, const Policy& policy, const std::vector<int>& tokens,
+                          int prefill, int steps, int repeat) {
+  StepTime best;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    CacheAttention cache(model, policy, shape_for(model, prefill, prefill));
+    model.forward(std::vector<int>(tokens.begin(), tokens.begin() + prefill), 0, cache);
+    const double attention_before = cache.attention_seconds();
+    auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);
+    best.total = std::min(best.total, seconds_since(t0) / steps);
+    best.attention = std::min(best.attention, (cache.attention_seconds() - attention_before) / steps);
+    best.held_bytes = cache.held_bytes();
+    best.cached_tokens = cache.cached_tokens(0);
+  }
+  return best;
+}
+
+std::string percent(double fraction) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << 100 * fraction << "%";
+  return out.str();
+}
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+// The roofline: the machine's GEMM peak (each dtype) and read bandwidth (each thread
+// count), then the forward, decode, sim-mode and memory phases as fractions of them.
+int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
+  const std::string model_dir = args.model_given ? args.model : config.value("model", args.model);
+  const int T = config.value("tokens", 1024);
+  const int steps = config.value("decode_steps", 32);
+  const int repeat = config.value("repeat", args.repeat);
+  const double budget = config.value("budget", 0.2);
+  const auto policies = config.value("sim_policies", std::vector<std::string>{"h2o", "h2o-paper"});
+  const std::string decode_policy = config.value("decode_policy", std::string("h2o"));
+  const auto dtypes = config.value("dtypes", std::vector<std::string>{args.runtime.options.dtype});
+  auto decode_threads = config.value("decode_threads", std::vector<int>{});
+  const int memory_tokens = config.value("memory_tokens", 0);
+  const int threads = set_thread_count(args.runtime.options.threads);
+  if (decode_threads.empty()) decode_threads.push_back(threads);
+
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "threads " << threads << " (physical cores " << physical_core_count() << ") load_average "
+            << load_average() << std::endl;
+  ModelOptions fp32_options = args.runtime.options;
+  fp32_options.dtype = dtypes.front();
+  auto t0 = Clock::now();
+  auto model = Model::load(model_dir, fp32_options);
+  const double load = seconds_since(t0);
+  const ArchSpec& arch = model->arch();
+  std::cout << "model " << model_dir << " (" << arch.model_type << ", " << arch.n_layers << " layers, hidden "
+            << arch.hidden << ", " << arch.n_heads << " heads) " << dtypes.front() << " load_seconds " << load << std::endl;
+  PolicyOptions none;
+  auto full = make_policy("full", none);
+  auto policy_with_budget = [&](const std::string& name) {
+    PolicyOptions o;
+    if (name == "h2o-paper") {
+      o.budget.heavy_ratio = budget / 2;
+      o.budget.recent_ratio = budget / 2;
+    } else {
+      o.budget.ratio = budget;
+    }
+    return make_policy(name, o);
+  };
+
+  // Memory first, before other phases leave freed blocks in the allocator's caches.
+  if (memory_tokens > 0) {
+    auto seq = random_tokens(memory_tokens, static_cast<int>(arch.vocab), 3);
+    auto policy = policy_with_budget(decode_policy);
+    reset_peak_rss();
+    const double s = best_time(1, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    std::cout << "memory sim_forward " << decode_policy << " budget " << budget << " T=" << memory_tokens
+              << " seconds " << s << " peak_rss_MiB " << mib(peak_rss_bytes()) << " weights_MiB "
+              << mib(decode_weight_bytes(arch, model->dtype())) << " load_average " << load_average() << std::endl;
+  }
+
+  // Roofline limits.
+  const double bandwidth_bytes = config.value("bandwidth_MiB", 1024) * double(1 << 20);
+  std::map<int, double> bandwidth;
+  for (int n : decode_threads) {
+    set_thread_count(n);
+    bandwidth[n] = measure_read_bandwidth(static_cast<int64_t>(bandwidth_bytes), repeat + 2);
+    std::cout << "roofline read_bandwidth threads " << n << " GB_per_s " << bandwidth[n] / 1e9 << " load_average "
+              << load_average() << std::endl;
+  }
+  set_thread_count(threads);
+
+  // Forward and decode per dtype, against that dtype's GEMM peak and the bandwidth.
+  const int decode_prefill = config.value("decode_prefill", 16);
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    std::unique_ptr<Model> other;
+    if (i > 0) {
+      ModelOptions o = args.runtime.options;
+      o.dtype = dtypes[i];
+      other = Model::load(model_dir, o);
+    }
+    const Model& m = i == 0 ? *model : *other;
+    const auto peak = measure_gemm_peak(arch, m.dtype(), T, repeat + 1);
+    std::cout << "roofline gemm " << dtypes[i] << " rows " << T << " GFLOP_per_s model_mix "
+              << peak.mix_flops_per_s / 1e9 << " best_shape " << peak.best_flops_per_s / 1e9 << " " << peak.best_shape
+              << " load_average " << load_average() << std::endl;
+    auto seq = random_tokens(T, static_cast<int>(arch.vocab), 7);
+    const double fwd = best_time(repeat, [&] {
+      FullAttention attention;
+      m.forward(seq, 0, attention);
+    });
+    const double flops = forward_flops(arch, T) / fwd;
+    std::cout << "forward " << dtypes[i] << " T=" << T << " seconds " << fwd << " GFLOP "
+              << forward_flops(arch, T) / 1e9 << " GFLOP_per_s " << flops / 1e9 << " of_gemm_peak "
+              << percent(flops / peak.best_flops_per_s) << " of_model_mix " << percent(flops / peak.mix_flops_per_s)
+              << " load_average " << load_average() << std::endl;
+    auto decode_tokens = random_tokens(decode_prefill + steps, static_cast<int>(arch.vocab), 5);
+    for (int n : decode_threads) {
+      set_thread_count(n);
+      const StepTime step = decode_step_time(m, *full, decode_tokens, decode_prefill, steps, repeat);
+      // Per step: every weight once, plus the cache (about prefill + steps/2 rows).
+      const double bytes = decode_weight_bytes(arch, m.dtype()) +
+                           kv_bytes_per_token(arch, m.dtype()) * (decode_prefill + steps / 2.0);
+      std::cout << "decode " << dtypes[i] << " threads " << n << " tokens_per_s " << 1 / step.total
+                << " MB_per_token " << bytes / 1e6 << " GB_per_s " << bytes / step.total / 1e9 << " of_bandwidth "
+                << percent(bytes / step.total / bandwidth[n]) << " load_average " << load_average() << std::endl;
+    }
+    set_thread_count(threads);
+  }
+
+  // Sim-mode policies as a ratio to the full forward, in float32.
+  std::vector<int> seq;
+  {
+    auto tokens = random_tokens(T, static_cast<int>(arch.vocab), 1);
+    seq.assign(tokens.begin(), tokens.end());
+  }
+  const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
+  std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim
+            << " load_average " << load_average() << std::endl;
+  for (const auto& name : policies) {
+    auto policy = policy_with_budget(name);
+    const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s << " ratio_to_full "
+              << s / full_sim << " load_average " << load_average() << std::endl;
+  }
+
+  // Decode steps after a long prefill: the attention part under eviction vs the full cache.
+  auto evicting = policy_with_budget(decode_policy);
+  const int decode_T = config.value("decode_tokens", T);
+  auto decode_tokens = random_tokens(decode_T + steps, static_cast<int>(arch.vocab), 2);
+  const StepTime full_step = decode_step_time(*model, *full, decode_tokens, decode_T, steps, repeat);
+  const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
+  const double full_kv = kv_bytes_per_token(arch, model->dtype()) * (decode_T + steps);
+  std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " attention_ms "
+            << full_step.attention * 1e3 << " kv_MiB " << mib(full_kv) << std::endl;
+  std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_step.total * 1e3
+            << " ratio_to_full " << evict_step.total / full_step.total << " attention_ms "
+            << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention
+            << " kv_held_MiB " << mib(evict_step.held_bytes) << " kv_held_of_full "
+            << percent(evict_step.held_bytes / full_kv) << " load_average " << load_average() << std::endl;
+  std::cout << "peak_rss_MiB " << mib(peak_rss_bytes()) << " (since the memory phase)\n";
+  return 0;
+}
+
+// Encode speed of several tokenizers on the same texts, in one run: the first pass with
+// an empty word cache ("cold") and the best later pass ("warm").
+int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const std::string& data_dir) {
+  const std::string file = data_path(config.at("jsonl").get<std::string>(), data_dir);
+  const std::string field = config.value("field", std::string("text"));
+  const size_t limit = config.value("limit", size_t{1000});
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  std::ifstream in(file);
+  if (!in) throw Error(file + ": cannot open");
+  for (std::string line; texts.size() < limit && std::getline(in, line);) {
+    if (line.empty()) continue;
+    texts.push_back(nlohmann::json::parse(line).at(field).get<std::string>());
+    bytes += texts.back().size();
+  }
+  std::cout << std::fixed << std::setprecision(3) << "texts " << texts.size() << " bytes " << bytes << " from "
+            << file << "\n";
+  for (const auto& [name, dir] : config.at("tokenizers").items()) {
+    auto tokenizer = load_tokenizer_for_model(data_path(dir.get<std::string>(), data_dir));
+    if (!tokenizer) throw Error(dir.get<std::string>() + ": no tokenizer files");
+    size_t ids = 0;
+    const auto encode_all = [&] {
+      ids = 0;
+      for (const auto& text : texts) ids += tokenizer->encode(text).size();
+    };
+    const double cold = best_time(1, encode_all);
+    const double warm = best_time(args.repeat, encode_all);
+    std::cout << "tokenizer " << name << " ids " << ids << " cold_seconds " << cold << " cold_MB_per_s "
+              << bytes / cold / 1e6 << " cold_texts_per_s " << texts.size() / cold << " warm_MB_per_s "
+              << bytes / warm / 1e6 << " warm_texts_per_s " << texts.size() / warm << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& args, const std::string& data_dir) {
+  if (!args.config.empty()) {
+    const nlohmann::json config = read_json_file(args.config);
+    if (config.contains("tokenizers")) return bench_tokenizers(args, config, data_dir);
+    return bench_policies(args, config);
+  }
+  auto t0 = Clock::now();
+  auto model = Model::load(args.model, args.runtime.options);
+  const double load = seconds_since(t0);
+  PolicyOptions none;
+  auto full = make_policy("full", none);
+  const int vocab = static_cast<int>(model->arch().vocab);
+  std::vector<int> prompt = {model->arch().bos_token_id >= 0 ? model->arch().bos_token_id : 0};
+  GenerateOptions gen;
+  gen.max_new_tokens = args.new_tokens;
+  int generated = 0;
+  const double gen_s = best_time(args.repeat, [&] {
+    generated = static_cast<int>(generate(*model, *full, prompt, gen).tokens.size());
+  });
+  const int T = std::min<int>(args.tokens, static_cast<int>(model->arch().max_positions));
+  auto seq = random_tokens(T, vocab, 7);
+  const double fwd_s = best_time(args.repeat, [&] {
+    FullAttention attention;
+    model->forward(seq, 0, attention);
+  });
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "model " << args.model << "\n";
+  std::cout << "load_seconds " << load << "\n";
+  std::cout << "generate_tokens " << generated << " seconds " << gen_s << " tokens_per_s " << generated / gen_s << "\n";
+  std::cout << "forward_tokens " << T << " seconds " << fwd_s << " tokens_per_s " << T / fwd_s << "\n";
+  return 0;
+}
+
+// A random-weight LLaMA (or Qwen3: q/k norm, explicit head_dim) checkpoint in Hugging
+// Face layout (config.json + model.safetensors, F32), for speed and memory measurements only.
+int run_make_random_model(const RandomModelArgs& a) {
+  namespace fs = std::filesystem;
+  // Every size is checked before anything is computed, allocated or written.
+  auto in_range = [](const char* flag, int64_t value, int64_t min, int64_t max) {
+    if (value < min || value > max)
+      throw Error(std::string("make-random-model: ") + flag + " " + std::to_string(value) + " is outside [" +
+                  std::to_string(min) + ", " + std::to_string(max) + "]");
+  };
+  in_range("--layers", a.layers, 1, kMaxLayers);
+  in_range("--hidden", a.hidden, 1, kMaxHidden);
+  in_range("--heads", a.heads, 1, kMaxHeads);
+  in_range("--kv-heads", a.kv_heads, 1, kMaxHeads);
+  in_range("--intermediate", a.intermediate, 1, kMaxIntermediate);
+  in_range("--vocab", a.vocab, 1, kMaxVocab);
+  in_range("--max-positions", a.max_positions, 1, kMaxPositions);
+  in_range("--head-dim", a.head_dim, 0, kMaxHidden);
+  if ((a.head_dim == 0 && a.hidden % a.heads != 0) || a.heads % a.kv_heads != 0)
+    throw Error("make-random-model: hidden must divide by heads (or pass --head-dim), heads by kv-heads");
+  if ((a.head_dim > 0 ? a.head_dim : a.hidden / a.heads) % 2 != 0)
+    throw Error("make-random-model: the head width (--hidden / --heads or --head-dim) must be even for RoPE");
+  if (fs::exists(a.out) && !fs::is_directory(a.out))
+    throw Error("make-random-model: --out " + a.out + " is a file, not a folder");
+  const bool qwen3 = a.arch == "qwen3";
+  fs::create_directories(a.out);
+  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
+  const int64_t q = a.heads * hd, kv = a.kv_heads * hd, I = a.intermediate;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {a.vocab, D}}};
+  for (int i = 0; i < a.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    tensors.push_back({p + "input_layernorm.weight", {D}});
+    tensors.push_back({p + "self_attn.q_proj.weight", {q, D}});
+    tensors.push_back({p + "self_attn.k_proj.weight", {kv, D}});
+    tensors.push_back({p + "self_attn.v_proj.weight", {kv, D}});
+    tensors.push_back({p + "self_attn.o_proj.weight", {D, q}});
+    if (qwen3) {
+      tensors.push_back({p + "self_attn.q_norm.weight", {hd}});
+      tensors.push_back({p + "self_attn.k_norm.weight", {hd}});
+    }
+    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
+    tensors.push_back({p + "mlp.gate_proj.weight", {I, D}});
+    tensors.push_back({p + "mlp.up_proj.weight", {I, D}});
+    tensors.push_back({p + "mlp.down_proj.weight", {D, I}});
+  }
+  tensors.push_back({"model.norm.weight", {D}});
+  tensors.push_back({"lm_head.weight", {a.vocab, D}});
+
+  nlohmann::json header;
+  size_t offset = 0;
+  for (auto& [name, shape] : tensors) {
+    size_t n = 1;
+    for (auto d : shape) n *= d;
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + n * 4}}};
+    offset += n * 4;
+  }
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8) text += ' ';  // keep tensor data 8-byte aligned
+  // Written beside and renamed over, so a failure leaves no partial model.safetensors.
+  const std::string weights_path = (fs::path(a.out) / "model.safetensors").string();
+  const std::string temporary = temporary_path_beside(weights_path);
+  std::ofstream out(temporary, std::ios::binary);
+  if (!out) throw Error(weights_path + ": cannot create " + temporary);
+  uint64_t len = text.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out.write(text.data(), text.size());
+  torch::manual_seed(a.seed);
+  for (auto& [name, shape] : tensors) {
+    bool is_norm = name.find("norm") != std::string::npos;
+    auto t = is_norm ? torch::ones(shape) : torch::randn(shape) * 0.02;
+    t = t.contiguous();
+    out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
+  }
+  out.close();
+  if (!out) {
+    std::remove(temporary.c_str());
+    throw Error(weights_path + ": cannot write the weights (disk full?)");
+  }
+  publish_file(temporary, weights_path);
+  nlohmann::json config = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+                           {"model_type", a.arch}, {"head_dim", hd},
+                           {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
+                           {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
+                           {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
+                           {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+                           {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
+                           {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
+  write_file_atomically((fs::path(a.out) / "config.json").string(), config.dump(2) + "\n");
+  std::cout << "wrote " << a.out << " (" << offset / (1 << 20) << " MiB of F32 weights)\n";
+  return 0;
+}
+
+}  // namespace kvevict

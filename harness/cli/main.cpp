@@ -1,0 +1,48 @@
+// kvevict: the command-line front door. Each command file adds its subcommands; the one
+// parsed runs, and an error becomes one line on stderr and exit 1.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "harness/cli/command.h"
+#include "harness/common/version.h"
+#include "harness/model/threads.h"
+
+int main(int argc, char** argv) {
+  using namespace kvevict;
+  CLI::App app{"kvevict: KV-cache eviction policies on real language models"};
+  app.require_subcommand(1);
+  // One line, like every other error (CLI11's default adds a second "Run with --help" line).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    return "kvevict: error: " + msg + " (see --help)\n";
+  });
+  app.set_version_flag("--version", kvevict_version());
+  std::string data_override;
+  app.add_option("--data-dir", data_override, "shared data folder (default: $KVEVICT_DATA or ../shared/data)");
+
+  Commands commands;
+  add_model_commands(app, commands);
+  add_task_commands(app, commands);
+  add_sweep_commands(app, commands);
+  add_analyze_command(app, commands);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    set_thread_count(0);  // all physical cores unless --threads says otherwise
+    for (auto& command : commands)
+      if (command->parsed()) return command->run(data_override);
+    return 0;
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    std::cerr << "kvevict: error: " << msg << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,268 @@
+#include "harness/eval/evaluator.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
+#include "harness/eval/h2o_adaptor.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+
+Protocol parse_protocol(const std::string& name) {
+  if (name == "stream") return Protocol::Stream;
+  if (name == "prefill-compress") return Protocol::PrefillCompress;
+  throw Error("unknown protocol \"" + name + "\" (use stream or prefill-compress)");
+}
+std::string protocol_name(Protocol p) { return p == Protocol::Stream ? "stream" : "prefill-compress"; }
+
+ScoreMode parse_score_mode(const std::string& name) {
+  if (name == "sum") return ScoreMode::Sum;
+  if (name == "mean") return ScoreMode::Mean;
+  throw Error("unknown score \"" + name + "\" (use sum or mean)");
+}
+std::string score_mode_name(ScoreMode m) { return m == ScoreMode::Sum ? "sum" : "mean"; }
+
+namespace {
+
+struct Usage {
+  double kept_sum = 0;
+  int requests = 0;
+  int64_t peak = 0;
+  void add(const KvStats& kv) {
+    double mean = 0;
+    for (int k : kv.kept_per_layer) mean += k;
+    kept_sum += kv.kept_per_layer.empty() ? 0 : mean / kv.kept_per_layer.size();
+    ++requests;
+    peak = std::max(peak, kv.peak_bytes);
+  }
+};
+
+// lm-eval 0.3 loglikelihood: context and continuation encoded separately, one pass
+// over (ctx+cont)[-(max_length+1):][:-1], the continuation's log-probs summed.
+LoglikelihoodResult score_request(const Model& model, const Policy& policy, const EvalConfig& config,
+                                  const LoglikelihoodRequest& request, bool bos, Usage* usage) {
+  const Tokenizer& tokenizer = model.require_tokenizer();
+  std::vector<int> context = model.encode(request.context, bos);
+  std::vector<int> continuation = tokenizer.encode(request.continuation);
+  if (continuation.empty()) throw Error("continuation \"" + request.continuation + "\" encodes to no tokens");
+  if (context.empty()) {
+    // lm-eval scores an empty context after the end-of-text token.
+    const int eot = model.arch().eos_token_id >= 0 ? model.arch().eos_token_id : model.arch().bos_token_id;
+    context.push_back(eot);
+  }
+  std::vector<int> whole = context;
+  whole.insert(whole.end(), continuation.begin(), continuation.end());
+  if (static_cast<int>(whole.size()) > config.max_length + 1)
+    whole.erase(whole.begin(), whole.end() - (config.max_length + 1));
+  std::vector<int> input(whole.begin(), whole.end() - 1);
+  // A continuation longer than the window is scored on its last max_length tokens.
+  const int n_cont = std::min<int>(static_cast<int>(continuation.size()), static_cast<int>(input.size()));
+  const int n_ctx = static_cast<int>(input.size()) - n_cont + 1;  // input tokens before the first scored one
+  // Stream budgets refer to the joint request (L = |ctx + cont|), as the paper's mask.
+  int prefill = 0, budget_length = static_cast<int>(whole.size());
+  if (config.protocol == Protocol::PrefillCompress) {
+    prefill = std::max(1, n_ctx);
+    budget_length = prefill;
+  }
+  // The pass covers all L rows where the model can place them, so a non-causal policy
+  // (h2o-global) sees the last row too; its logits are not used.
+  const bool whole_fits = model.arch().positions != PositionKind::Learned ||
+                          static_cast<int64_t>(whole.size()) <= model.arch().max_positions;
+  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length)
+                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back());
+  usage->add(score.kv);
+  LoglikelihoodResult result;
+  result.num_tokens = n_cont;
+  result.is_greedy = true;
+  // Log-prob of whole[i+1] given whole[..i] is next_token_logprob[i] (the last one from
+  // final_target); the continuation occupies the last n_cont positions of `whole`.
+  const int first = static_cast<int>(whole.size()) - n_cont;
+  for (int j = first; j < static_cast<int>(whole.size()); ++j) {
+    result.sum_logprob += score.next_token_logprob[j - 1];
+    if (score.argmax[j - 1] != whole[j]) result.is_greedy = false;
+  }
+  return result;
+}
+
+// The H2O adaptor has no BOS and evicts from the first token of the joint request
+// (multiple choice) or prefills the prompt (XSum): say so instead of running something else.
+void check_pipeline(const EvalConfig& config, TaskKind kind) {
+  if (config.task_options.pipeline != Pipeline::H2O) return;
+  if (config.bos.value_or(false)) throw Error("--pipeline h2o runs without BOS (the adaptor's add_special_tokens=False); drop --bos");
+  if (kind == TaskKind::MultipleChoice && config.protocol != Protocol::Stream)
+    throw Error("--pipeline h2o scores multiple choice with the stream protocol (budgets from the joint length); "
+                "--protocol prefill-compress needs --pipeline lm-eval");
+  if (kind == TaskKind::Perplexity) throw Error("--pipeline h2o has no perplexity task; use --pipeline lm-eval");
+}
+
+EvalResult run(const Model& model, const EvalConfig& config, const Progress& progress) {
+  auto started = std::chrono::steady_clock::now();
+  auto task = make_task(config.task);
+  auto policy = make_policy(config.policy, config.policy_options);
+  EvalResult result;
+  Usage usage;
+
+  check_pipeline(config, task->kind());
+  if (task->kind() == TaskKind::MultipleChoice) {
+    const bool bos = config.bos.value_or(false);
+    auto docs = task->multiple_choice_docs(config.task_options);
+    std::vector<ChoicePrediction> predictions;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      std::vector<LoglikelihoodResult> answers;
+      for (const auto& request : docs[d].requests) {
+        if (config.task_options.pipeline == Pipeline::H2O) {
+          H2OScoredRequest scored = score_h2o_request(model, *policy, config.mode, request);
+          usage.add(scored.kv);
+          answers.push_back(scored.result);
+        } else {
+          answers.push_back(score_request(model, *policy, config, request, bos, &usage));
+        }
+      }
+      DocOutcome outcome;
+      outcome.id = docs[d].id;
+      outcome.gold = docs[d].gold;
+      outcome.prediction = predict_choice(docs[d], answers, config.score);
+      for (const auto& a : answers) outcome.choice_scores.push_back(choice_score(a, config.score));
+      predictions.push_back(outcome.prediction);
+      result.docs.push_back(outcome);
+      if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
+    }
+    result.metrics = multiple_choice_metrics(docs, predictions, task->metric_names());
+    result.n = static_cast<int>(docs.size());
+  } else if (task->kind() == TaskKind::Generation) {
+    if (!policy->realisable())
+      throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
+    const bool h2o = config.task_options.pipeline == Pipeline::H2O;
+    const bool bos = config.bos.value_or(!h2o);
+    auto docs = task->generation_docs(config.task_options);
+    std::vector<double> r1, r2, rl;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      std::vector<int> prompt = model.encode(docs[d].prompt, bos);
+      const int room = config.max_length - docs[d].max_new_tokens;
+      if (room < 1) throw Error("--max-length " + std::to_string(config.max_length) + " leaves no room for the prompt");
+      if (static_cast<int>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
+      GenerateOptions options;
+      options.max_new_tokens = docs[d].max_new_tokens;
+      options.stop = docs[d].stop;
+      options.temperature = docs[d].temperature.value_or(config.temperature);
+      options.seed = config.sample_seed + d;
+      options.stream = config.protocol == Protocol::Stream;
+      if (h2o) {
+        // utils_hh: the prompt runs with full attention, eviction only while decoding.
+        options.stream = false;
+      }
+      if (config.greedy) options.temperature = 0;
+      Generation generation = generate(model, *policy, prompt, options);
+      usage.add(generation.kv);
+      DocOutcome outcome;
+      outcome.id = docs[d].id;
+      outcome.generated = generation.text;
+      outcome.reference = docs[d].reference;
+      outcome.rouge = rouge_scores(docs[d].reference, generation.text);
+      r1.push_back(100 * outcome.rouge.rouge1);
+      r2.push_back(100 * outcome.rouge.rouge2);
+      rl.push_back(100 * outcome.rouge.rougeL);
+      result.docs.push_back(outcome);
+      if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
+    }
+    result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
+    std::vector<std::string> generated;
+    for (const auto& doc : result.docs) generated.push_back(doc.generated);
+    for (auto& m : diversity_metrics(generated)) result.metrics.push_back(m);
+    result.n = static_cast<int>(docs.size());
+  } else {
+    const std::string text = read_text_file(config.task_options.data_dir + "/" + config.text_file);
+    std::vector<int> tokens = model.encode(text, config.bos.value_or(true));
+    if (static_cast<int>(tokens.size()) > config.max_length) tokens.resize(config.max_length);
+    const int prefill = config.protocol == Protocol::PrefillCompress ? static_cast<int>(tokens.size()) / 2 : 0;
+    SequenceScore score = score_sequence(model, *policy, config.mode, tokens, prefill, prefill);
+    usage.add(score.kv);
+    std::vector<double> nll;
+    for (size_t i = std::max(0, prefill - 1); i < score.next_token_logprob.size(); ++i)
+      nll.push_back(-score.next_token_logprob[i]);
+    MetricValue mean = mean_metric("mean_nll", nll);
+    result.metrics = {mean, MetricValue{"ppl", std::exp(mean.value), 0, mean.n}};
+    result.n = mean.n;
+    if (progress) progress(1, 1);
+  }
+  result.kv_tokens_kept = usage.requests ? usage.kept_sum / usage.requests : 0;
+  result.kv_bytes_peak = usage.peak;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+}  // namespace
+
+EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progress& progress,
+                    std::optional<EvalResult>* full_cache) {
+  // Requests never exceed the model's context, as lm-eval's max_length.
+  EvalConfig config = requested;
+  if (config.max_length < 2)
+    throw Error("max length " + std::to_string(config.max_length) + " must be at least 2 tokens");
+  config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
+  const int limit = config.task_options.limit;
+  if (limit == 0 || limit < -1)
+    throw Error("limit must be a positive number of documents (or -1 for all), got " + std::to_string(limit));
+  EvalResult result = run(model, config, progress);
+  // An accuracy over no documents is not a number to report.
+  if (result.n == 0) throw Error("task " + config.task + " has no documents to evaluate");
+  const TaskKind kind = make_task(config.task)->kind();
+  if (config.policy == "full" || !config.compare_with_full || kind == TaskKind::Perplexity) return result;
+  std::optional<EvalResult> local;
+  std::optional<EvalResult>& full = full_cache ? *full_cache : local;
+  if (!full) {
+    EvalConfig reference = config;
+    reference.policy = "full";
+    reference.policy_options = PolicyOptions{};
+    full = run(model, reference, {});
+  }
+  const auto& a = result.docs;
+  const auto& b = full->docs;
+  if (a.size() != b.size()) throw Error("internal: full-cache reference has a different document count");
+  int same = 0;
+  double change = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (kind == TaskKind::MultipleChoice) {
+      same += a[i].prediction.predicted == b[i].prediction.predicted;
+      change += std::abs(a[i].prediction.chosen_loglikelihood - b[i].prediction.chosen_loglikelihood);
+    } else {
+      same += a[i].generated == b[i].generated;
+    }
+  }
+  if (!a.empty()) {
+    result.agreement_with_full = static_cast<double>(same) / a.size();
+    if (kind == TaskKind::MultipleChoice) result.mean_abs_ll_change = change / a.size();
+  }
+  return result;
+}
+
+void write_predictions(const EvalResult& result, const EvalConfig& config, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw Error(path + ": cannot write predictions");
+  for (const auto& d : result.docs) {
+    nlohmann::json j;
+    j["task"] = config.task;
+    j["policy"] = config.policy;
+    j["id"] = d.id;
+    if (d.gold >= 0) {
+      j["gold"] = d.gold;
+      j["predicted"] = d.prediction.predicted;
+      j["predicted_norm"] = d.prediction.predicted_norm;
+      j["scores"] = d.choice_scores;
+      j["chosen_loglikelihood"] = d.prediction.chosen_loglikelihood;
+    } else {
+      j["prediction"] = d.generated;
+      j["reference"] = d.reference;
+      j["rouge1"] = d.rouge.rouge1;
+      j["rouge2"] = d.rouge.rouge2;
+      j["rougeL"] = d.rouge.rougeL;
+    }
+    out << j.dump() << "\n";
+  }
+}
+
+}  // namespace kvevict

@@ -1,0 +1,19 @@
+// The tidy results rows of one evaluation: the identity columns of its configuration
+// plus one row per metric. `eval` prints them; the sweep appends them to results.csv.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/eval/evaluator.h"
+#include "notebooks-export/results_csv.h"
+
+namespace kvevict {
+
+// Whether a policy splits its budget into heavy hitters and a recent window.
+bool uses_heavy_share(const std::string& policy);
+// The identity columns of a configuration (outcome columns empty).
+ResultRow identity_row(const std::string& model, const EvalConfig& config);
+// identity_row plus each metric of the result.
+std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& config, const EvalResult& result);
+
+}  // namespace kvevict

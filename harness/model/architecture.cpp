@@ -1,0 +1,115 @@
+#include "harness/model/architecture.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "harness/common/errors.h"
+
+namespace kvevict {
+
+namespace {
+std::string format_bound(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", value);
+  return buffer;
+}
+}  // namespace
+
+namespace {
+
+// A key that is absent or null takes the default; any other value must have the right type.
+bool present(const nlohmann::json& config, const std::string& key) {
+  return config.is_object() && config.contains(key) && !config[key].is_null();
+}
+
+}  // namespace
+
+int64_t config_int(const nlohmann::json& config, const std::string& path, const std::string& key) {
+  if (!present(config, key) || !config[key].is_number_integer())
+    throw Error(path + ": missing integer key \"" + key + "\"");
+  return config[key].get<int64_t>();
+}
+
+int64_t config_int(const nlohmann::json& config, const std::string& path, const std::string& key,
+                   int64_t min, int64_t max) {
+  const int64_t value = config_int(config, path, key);
+  if (value < min || value > max || (config[key].is_number_unsigned() && value < 0))
+    throw Error(path + ": key \"" + key + "\" is " + config[key].dump() + ", outside [" +
+                std::to_string(min) + ", " + std::to_string(max) + "]");
+  return value;
+}
+
+int64_t config_int_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                      int64_t fallback, int64_t min, int64_t max) {
+  if (!present(config, key)) return fallback;
+  if (!config[key].is_number_integer())
+    throw Error(path + ": key \"" + key + "\" must be an integer, not " + config[key].dump());
+  return config_int(config, path, key, min, max);
+}
+
+double config_double_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                        double fallback, double min, double max) {
+  if (!present(config, key)) return fallback;
+  if (!config[key].is_number())
+    throw Error(path + ": key \"" + key + "\" must be a number, not " + config[key].dump());
+  const double value = config[key].get<double>();
+  if (!std::isfinite(value) || value < min || value > max)
+    throw Error(path + ": key \"" + key + "\" is " + config[key].dump() + ", outside [" +
+                format_bound(min) + ", " + format_bound(max) + "]");
+  return value;
+}
+
+bool config_bool_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                    bool fallback) {
+  if (!present(config, key)) return fallback;
+  if (!config[key].is_boolean())
+    throw Error(path + ": key \"" + key + "\" must be true or false, not " + config[key].dump());
+  return config[key].get<bool>();
+}
+
+std::string config_string_or(const nlohmann::json& config, const std::string& path,
+                             const std::string& key, const std::string& fallback) {
+  if (!present(config, key)) return fallback;
+  if (!config[key].is_string())
+    throw Error(path + ": key \"" + key + "\" must be a string, not " + config[key].dump());
+  return config[key].get<std::string>();
+}
+
+int config_token_id_or(const nlohmann::json& config, const std::string& path, const std::string& key,
+                       int fallback, int64_t vocab) {
+  // Llama-3.1 lists several end-of-sequence ids; the first one is the text's own.
+  if (present(config, key) && config[key].is_array()) {
+    if (config[key].empty() || !config[key][0].is_number_integer())
+      throw Error(path + ": key \"" + key + "\" must be a token id or a list of token ids");
+    nlohmann::json first = {{key, config[key][0]}};
+    return static_cast<int>(config_int(first, path, key, 0, vocab - 1));
+  }
+  return static_cast<int>(config_int_or(config, path, key, fallback, 0, vocab - 1));
+}
+
+void check_head_split(const std::string& path, int64_t hidden, int64_t heads) {
+  if (hidden % heads != 0)
+    throw Error(path + ": hidden_size " + std::to_string(hidden) +
+                " is not divisible by num_attention_heads " + std::to_string(heads));
+}
+
+std::string checked_model_type(const nlohmann::json& config, const std::string& config_path) {
+  if (!config.contains("model_type") || !config["model_type"].is_string())
+    throw Error(config_path + ": missing string key \"model_type\"");
+  const std::string type = config["model_type"].get<std::string>();
+  if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3" &&
+      type != "phi3" && type != "opt" && type != "gpt_neox")
+    throw Error(config_path + ": unknown model_type \"" + type +
+                "\" (supported: llama, mistral, qwen2, qwen3, phi3, opt, gpt_neox)");
+  return type;
+}
+
+ArchSpec describe_architecture(const nlohmann::json& config, const std::string& config_path,
+                               const HasTensor& has_tensor) {
+  const std::string type = checked_model_type(config, config_path);
+  if (type == "opt") return describe_opt(config, config_path, has_tensor);
+  if (type == "gpt_neox") return describe_gpt_neox(config, config_path, has_tensor);
+  return describe_llama(config, config_path, has_tensor);  // llama, mistral, qwen2, qwen3, phi3
+}
+
+}  // namespace kvevict

@@ -1,0 +1,275 @@
+#include "harness/model/model.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
+#include "harness/model/rope.h"
+#include "harness/model/threads.h"
+
+namespace kvevict {
+namespace {
+
+std::string shape_string(c10::IntArrayRef shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// x [t, in] through weight [out, in] (+ bias). One row on the CPU is a matrix-vector
+// product: sgemm would pack the whole weight matrix for that single row (issue 14).
+// bf16/fp16 keep torch::linear, whose oneDNN path is the faster one there.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
+  const auto type = x.scalar_type();
+  if (x.dim() == 2 && x.size(0) == 1 && x.device().is_cpu() && (type == torch::kFloat32 || type == torch::kFloat64)) {
+    auto y = bias.defined() ? torch::addmv(bias, weight, x[0]) : torch::mv(weight, x[0]);
+    return y.unsqueeze(0);
+  }
+  return torch::linear(x, weight, bias);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+torch::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return torch::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
+  if (name == "float16" || name == "fp16") return torch::kFloat16;
+  if (name == "float64" || name == "fp64") return torch::kFloat64;  // reference checks
+  throw Error("unknown dtype \"" + name + "\" (use float32, bfloat16, float16 or float64)");
+}
+
+torch::Device parse_device(const std::string& name) {
+  if (name == "cpu") return torch::kCPU;
+  if (name.rfind("cuda", 0) == 0) {
+    if (!torch::cuda::is_available())
+      throw Error("device " + name + " requested but this LibTorch build sees no CUDA device");
+    return torch::Device(name);
+  }
+  throw Error("unknown device \"" + name + "\" (use cpu or cuda)");
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& options) {
+  namespace fs = std::filesystem;
+  auto started = std::chrono::steady_clock::now();
+  auto model = std::unique_ptr<Model>(new Model());
+  model->dir_ = dir;
+  model->device_ = parse_device(options.device);
+  model->dtype_ = parse_dtype(options.dtype);
+  if (options.threads > 0) set_thread_count(options.threads);  // else the process default (main: all cores)
+
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
+  const nlohmann::json config = read_json_file(config_path);
+  checked_model_type(config, config_path);  // a bad model_type is a config error, before any weights
+  model->weights_ = WeightStore::open(dir);
+  const WeightStore& weights = model->weights_;
+  model->arch_ = describe_architecture(config, config_path,
+                                       [&](const std::string& n) { return weights.has(n); });
+  const ArchSpec& arch = model->arch_;
+
+  model->layers_.resize(arch.n_layers);
+  std::set<std::string> expected;
+  for (const TensorSpec& spec : arch.tensors) {
+    expected.insert(spec.name);
+    if (!weights.has(spec.name))
+      throw Error(dir + ": tensor " + spec.name + " is missing (config.json " + arch.model_type +
+                  " needs it)");
+    const TensorInfo& info = weights.info(spec.name);
+    if (info.dtype != "F32" && info.dtype != "F16" && info.dtype != "BF16")
+      throw Error(info.file + ": tensor " + spec.name + " has dtype " + info.dtype +
+                  ", expected F32, F16 or BF16");
+    if (info.shape != spec.shape)
+      throw Error(info.file + ": tensor " + spec.name + " has shape " + shape_string(info.shape) +
+                  " but config.json implies " + shape_string(spec.shape));
+    torch::Tensor t = weights.get(spec.name, model->dtype_, model->device_);
+    if (spec.layer < 0)
+      model->global_[static_cast<int>(spec.role)] = t;
+    else
+      model->layers_[spec.layer][static_cast<int>(spec.role)] = t;
+  }
+  for (const std::string& name : weights.names()) {
+    if (expected.count(name)) continue;
+    bool ignored = false;
+    for (const auto& suffix : arch.ignored_suffixes) ignored = ignored || ends_with(name, suffix);
+    if (!ignored)
+      throw Error(weights.info(name).file + ": unexpected tensor " + name + " for model_type " +
+                  arch.model_type);
+  }
+  if (arch.tied_head) model->global_[static_cast<int>(Role::LmHead)] = model->global_[static_cast<int>(Role::Embed)];
+
+  // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass).
+  if (arch.positions == PositionKind::Rotary) model->inv_freq_ = rope_inv_freq(arch, arch.max_positions);
+  model->tokenizer_ = load_tokenizer_for_model(dir);
+  // A tokenizer with more pieces than the embedding has rows would emit ids the model cannot look up.
+  if (model->tokenizer_ && model->tokenizer_->vocab_size() > arch.vocab)
+    throw Error(dir + ": the tokenizer has " + std::to_string(model->tokenizer_->vocab_size()) +
+                " tokens but config.json vocab_size is " + std::to_string(arch.vocab));
+  model->load_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return model;
+}
+
+const Tokenizer& Model::require_tokenizer() const {
+  if (!tokenizer_)
+    throw Error(dir_ + ": no tokenizer (tokenizer.model, tokenizer.json or vocab.json + merges.txt); "
+                "use --tokens-file");
+  return *tokenizer_;
+}
+
+std::vector<int> Model::encode(const std::string& text, bool add_bos) const {
+  std::vector<int> ids;
+  // The tokenizer's own tokenizer_config.json decides when it has one (Llama-3: yes, Qwen: no).
+  const std::optional<int> declared = require_tokenizer().declared_bos();
+  const int bos = declared ? *declared : (arch_.prepend_bos ? arch_.bos_token_id : -1);
+  if (add_bos && bos >= 0) ids.push_back(bos);
+  auto body = require_tokenizer().encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
+torch::Tensor Model::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
+  auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + arch_.norm_eps);
+  return w * normed.to(x.scalar_type());
+}
+
+torch::Tensor Model::norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const {
+  if (arch_.norm == NormKind::RMSNorm) return rms_norm(x, w);
+  return torch::layer_norm(x, {arch_.hidden}, w, b, arch_.norm_eps);
+}
+
+torch::Tensor Model::activation(const torch::Tensor& x) const {
+  switch (arch_.activation) {
+    case Activation::SiLU: return torch::silu(x);
+    case Activation::ReLU: return torch::relu(x);
+    case Activation::GeluExact: return torch::gelu(x);
+    case Activation::GeluTanh: return torch::gelu(x, "tanh");
+  }
+  return x;
+}
+
+// rotate-half RoPE on the first rotary_dim dims of every head, in place.
+void Model::rotate(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const {
+  const int64_t rd = arch_.rotary_dim, half = rd / 2;
+  auto rot = x.narrow(-1, 0, rd);
+  auto x1 = rot.narrow(-1, 0, half), x2 = rot.narrow(-1, half, half);
+  auto rotated = torch::cat({-x2, x1}, -1);
+  auto out = rot * cos + rotated * sin;
+  if (rd == arch_.head_dim)
+    x = out;
+  else
+    x = torch::cat({out, x.narrow(-1, rd, arch_.head_dim - rd)}, -1);
+}
+
+torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,
+                                     const torch::Tensor& sin, int64_t start,
+                                     AttentionBackend& attention) const {
+  const Slots& w = layers_[layer];
+  auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
+  const int64_t t = h.size(0), hd = arch_.head_dim;
+  torch::Tensor q, k, v;
+  if (arch_.qkv == QkvLayout::FusedPerHead) {
+    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias)).view({t, arch_.n_heads, 3 * hd});
+    q = qkv.narrow(2, 0, hd);
+    k = qkv.narrow(2, hd, hd);
+    v = qkv.narrow(2, 2 * hd, hd);
+  } else if (arch_.qkv == QkvLayout::FusedRows) {
+    const int64_t q_rows = arch_.n_heads * hd, kv_rows = arch_.n_kv_heads * hd;
+    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias));
+    q = qkv.narrow(1, 0, q_rows).reshape({t, arch_.n_heads, hd});
+    k = qkv.narrow(1, q_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
+    v = qkv.narrow(1, q_rows + kv_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
+  } else {
+    q = project(h, W(Role::QWeight), W(Role::QBias)).view({t, arch_.n_heads, hd});
+    k = project(h, W(Role::KWeight), W(Role::KBias)).view({t, arch_.n_kv_heads, hd});
+    v = project(h, W(Role::VWeight), W(Role::VBias)).view({t, arch_.n_kv_heads, hd});
+  }
+  if (W(Role::QNormWeight).defined()) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
+    q = rms_norm(q, W(Role::QNormWeight));
+    k = rms_norm(k, W(Role::KNormWeight));
+  }
+  if (arch_.positions == PositionKind::Rotary) {
+    rotate(q, cos, sin);
+    rotate(k, cos, sin);
+  }
+  auto out = attention.attend(layer, q.contiguous(), k.contiguous(), v.contiguous(), start);
+  return project(out, W(Role::OWeight), W(Role::OBias));
+}
+
+torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h) const {
+  const Slots& w = layers_[layer];
+  auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
+  if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
+    auto gate_up = project(h, W(Role::GateUpWeight));
+    const int64_t F = arch_.intermediate;
+    return project(torch::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
+  }
+  if (arch_.mlp == MlpKind::SwiGLU)
+    return project(torch::silu(project(h, W(Role::GateWeight))) * project(h, W(Role::UpWeight)),
+                         W(Role::DownWeight));
+  return project(activation(project(h, W(Role::Fc1Weight), W(Role::Fc1Bias))),
+                       W(Role::Fc2Weight), W(Role::Fc2Bias));
+}
+
+torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
+                             AttentionBackend& attention) const {
+  torch::NoGradGuard no_grad;
+  const int64_t t = static_cast<int64_t>(tokens.size());
+  for (int id : tokens)
+    if (id < 0 || id >= arch_.vocab)
+      throw Error("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                  std::to_string(arch_.vocab) + ")");
+  auto G = [&](Role r) -> const torch::Tensor& { return global_[static_cast<int>(r)]; };
+  std::vector<int64_t> ids(tokens.begin(), tokens.end());
+  auto id_tensor = torch::tensor(ids, torch::kLong).to(device_);
+  auto x = G(Role::Embed).index_select(0, id_tensor);
+  if (G(Role::ProjectIn).defined()) x = project(x, G(Role::ProjectIn));
+
+  torch::Tensor cos, sin;
+  auto positions = torch::arange(start, start + t, torch::kLong);
+  if (arch_.positions == PositionKind::Learned) {
+    if (start + t + arch_.position_offset > G(Role::PositionEmbed).size(0))
+      throw Error("sequence of " + std::to_string(start + t) + " tokens exceeds the model's " +
+                  std::to_string(arch_.max_positions) + " learned positions");
+    x = x + G(Role::PositionEmbed).index_select(0, (positions + arch_.position_offset).to(device_));
+  } else {
+    const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t) : inv_freq_;
+    auto freqs = torch::outer(positions.to(torch::kFloat32), inv_freq);
+    auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
+    cos = emb.cos().unsqueeze(1).to(device_, dtype_);
+    sin = emb.sin().unsqueeze(1).to(device_, dtype_);
+  }
+
+  attention.set_sliding_window(arch_.sliding_window);
+  for (int l = 0; l < arch_.n_layers; ++l) {
+    const Slots& w = layers_[l];
+    auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
+    switch (arch_.residual) {
+      case ResidualKind::PreNormSequential:
+        x = x + attention_block(l, norm(x, W(Role::AttnNormWeight), W(Role::AttnNormBias)), cos, sin, start, attention);
+        x = x + mlp_block(l, norm(x, W(Role::MlpNormWeight), W(Role::MlpNormBias)));
+        break;
+      case ResidualKind::PreNormParallel:
+        x = x + attention_block(l, norm(x, W(Role::AttnNormWeight), W(Role::AttnNormBias)), cos, sin, start, attention) +
+            mlp_block(l, norm(x, W(Role::MlpNormWeight), W(Role::MlpNormBias)));
+        break;
+      case ResidualKind::PostNorm:
+        x = norm(x + attention_block(l, x, cos, sin, start, attention), W(Role::AttnNormWeight), W(Role::AttnNormBias));
+        x = norm(x + mlp_block(l, x), W(Role::MlpNormWeight), W(Role::MlpNormBias));
+        break;
+    }
+  }
+  if (arch_.has_final_norm) x = norm(x, G(Role::FinalNormWeight), G(Role::FinalNormBias));
+  if (G(Role::ProjectOut).defined()) x = project(x, G(Role::ProjectOut));
+  const auto out_type = dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  return project(x, G(Role::LmHead)).to(torch::kCPU, out_type);
+}
+
+}  // namespace kvevict

@@ -1,0 +1,89 @@
+// A causal language model from a Hugging Face directory, run through LibTorch.
+// One decoder loop serves every architecture (see architecture.h); attention is
+// delegated to an AttentionBackend, the single place where eviction happens.
+#pragma once
+#include <torch/torch.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/model/architecture.h"
+#include "harness/model/safetensors.h"
+#include "harness/tokenizers/tokenizer.h"
+
+namespace kvevict {
+
+struct ModelOptions {
+  std::string device = "cpu";    // "cpu" or "cuda[:N]"
+  std::string dtype = "float32";  // "float32", "bfloat16", "float16" (or "float64" for checks)
+  int threads = 0;                // CPU threads for the math libraries (0: keep the process's setting)
+};
+
+torch::ScalarType parse_dtype(const std::string& name);
+torch::Device parse_device(const std::string& name);
+
+// Attention over already-projected, already-rotated heads.
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  // q: [t, n_heads, head_dim]; k, v: [t, n_kv_heads, head_dim], for the tokens at
+  // positions start .. start+t-1. Returns [t, n_heads * head_dim].
+  virtual torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t start) = 0;
+  // The model's sliding window (0: none): the query at position i never sees keys at
+  // positions j <= i - sliding_window. Model::forward sets it before attending.
+  void set_sliding_window(int64_t window) { sliding_window_ = window; }
+  int64_t sliding_window() const { return sliding_window_; }
+
+ protected:
+  int64_t sliding_window_ = 0;
+};
+
+class Model {
+ public:
+  // Throws kvevict::Error naming the file or tensor at fault.
+  static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& options = {});
+
+  const ArchSpec& arch() const { return arch_; }
+  const std::string& dir() const { return dir_; }
+  // Null when the directory holds no tokenizer files.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const Tokenizer& require_tokenizer() const;
+  torch::Device device() const { return device_; }
+  torch::ScalarType dtype() const { return dtype_; }
+  double load_seconds() const { return load_seconds_; }
+
+  // Text to ids, with BOS first when the model uses one and `add_bos` is set.
+  std::vector<int> encode(const std::string& text, bool add_bos) const;
+
+  // Runs tokens at positions start.. through the decoder. Returns CPU logits [t, vocab]
+  // (float32; float64 for a float64 model).
+  torch::Tensor forward(const std::vector<int>& tokens, int64_t start,
+                        AttentionBackend& attention) const;
+
+ private:
+  using Slots = std::array<torch::Tensor, kRoleCount>;
+  torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
+  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
+  torch::Tensor activation(const torch::Tensor& x) const;
+  void rotate(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
+  torch::Tensor attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,
+                                const torch::Tensor& sin, int64_t start,
+                                AttentionBackend& attention) const;
+  torch::Tensor mlp_block(int layer, const torch::Tensor& h) const;
+
+  std::string dir_;
+  ArchSpec arch_;
+  WeightStore weights_;
+  Slots global_;
+  std::vector<Slots> layers_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  torch::Device device_{torch::kCPU};
+  torch::ScalarType dtype_ = torch::kFloat32;
+  torch::Tensor inv_freq_;
+  double load_seconds_ = 0;
+};
+
+}  // namespace kvevict

@@ -1,0 +1,53 @@
+// Scoring and generation under an eviction policy, in either execution mode.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/runtime/attention.h"
+#include "harness/model/model.h"
+#include "policies/policy.h"
+
+namespace kvevict {
+
+enum class Mode { Sim, Decode };
+Mode parse_mode(const std::string& name);
+std::string mode_name(Mode mode);
+
+// The policy's view of a sequence on this model.
+SequenceShape shape_for(const Model& model, int length, int prefill_len);
+
+struct SequenceScore {
+  std::vector<double> next_token_logprob;  // [T-1]: log p(tokens[i+1] | tokens[..i])
+  std::vector<int> argmax;                 // [T]: argmax of each logits row
+  KvStats kv;
+};
+
+// Teacher-forced log-probs of `tokens`. The first `prefill_len` tokens run with full
+// attention (0: eviction from the first token, the "stream" protocol). Ratio budgets
+// refer to `budget_length` tokens (0: the whole sequence). With `final_target` >= 0,
+// next_token_logprob gains a last entry: log p(final_target | all tokens), as lm-eval
+// scores a continuation's last token from (ctx+cont)[:-1].
+SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
+                             const std::vector<int>& tokens, int prefill_len = 0,
+                             int budget_length = 0, int final_target = -1);
+
+struct GenerateOptions {
+  int max_new_tokens = 64;
+  double temperature = 0;  // 0: greedy
+  uint64_t seed = 0;
+  std::vector<std::string> stop;  // generation ends before the first of these
+  bool stream = false;            // true: evict from the first prompt token; false: prefill the prompt
+};
+
+struct Generation {
+  std::vector<int> tokens;  // new tokens only
+  std::string text;         // decoded, cut before any stop string
+  KvStats kv;
+};
+
+// Decode mode with a real cache; ratio budgets refer to the prompt length (H2O's
+// summarisation convention).
+Generation generate(const Model& model, const Policy& policy, const std::vector<int>& prompt,
+                    const GenerateOptions& options);
+
+}  // namespace kvevict

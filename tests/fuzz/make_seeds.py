@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Writes small seed inputs for each fuzz target from the real files in the data folder.
+
+Usage: make_seeds.py DATA_DIR REPO_DIR OUT_DIR. Each target gets OUT_DIR/<target>/; the
+real files are cut down (few tensors, a few hundred vocabulary entries, a few lines) so
+that every seed is still valid input but small enough to mutate quickly.
+"""
+import json
+import os
+import struct
+import sys
+import zipfile
+
+data, repo, out = sys.argv[1:4]
+
+
+def write(target, name, payload):
+    os.makedirs(os.path.join(out, target), exist_ok=True)
+    with open(os.path.join(out, target, name), "wb") as f:
+        f.write(payload if isinstance(payload, bytes) else payload.encode())
+
+
+models = os.path.join(data, "models")
+model_dirs = sorted(d for d in os.listdir(models) if os.path.isdir(os.path.join(models, d)))
+
+# safetensors: a valid file rebuilt from the smallest tensors of each real checkpoint
+# (selector byte 0), and each real index (selector byte 1).
+for d in model_dirs:
+    path = os.path.join(models, d, "model.safetensors")
+    if os.path.exists(path):
+        blob = open(path, "rb").read()
+        n = struct.unpack("<Q", blob[:8])[0]
+        header = json.loads(blob[8:8 + n])
+        body = blob[8 + n:]
+        small = sorted((k for k in header if k != "__metadata__"),
+                       key=lambda k: header[k]["data_offsets"][1] - header[k]["data_offsets"][0])[:3]
+        new_header, chunks, offset = {}, [], 0
+        for k in small:
+            b, e = header[k]["data_offsets"]
+            chunks.append(body[b:e])
+            new_header[k] = dict(header[k], data_offsets=[offset, offset + e - b])
+            offset += e - b
+        text = json.dumps(new_header, separators=(",", ":")).encode()
+        text += b" " * ((8 - (len(text) + 8) % 8) % 8)
+        write("safetensors", d, b"\0" + struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    index = os.path.join(models, d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        write("safetensors", d + "-index", b"\1" + open(index, "rb").read())
+
+# config.json of every model.
+for d in model_dirs:
+    path = os.path.join(models, d, "config.json")
+    if os.path.exists(path):
+        write("config_json", d, open(path, "rb").read())
+
+# tokenizer.model (SentencePiece): the small stories260K one as it is.
+write("sentencepiece", "stories260K", open(os.path.join(models, "stories260K-hf", "tokenizer.model"), "rb").read())
+
+
+def trimmed_vocab(vocab, merges, keep):
+    vocab = {t: i for t, i in vocab.items() if i < keep}
+    kept_merges = []
+    for m in merges:
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        if a in vocab and b in vocab and a + b in vocab:
+            kept_merges.append(m)
+    return vocab, kept_merges
+
+
+# tokenizer.json: each real one with its vocabulary cut to 400 entries.
+for name in ("gpt-neox-20b", "llama3", "qwen3"):
+    path = os.path.join(data, "tokenizers", name, "tokenizer.json")
+    if not os.path.exists(path):
+        continue
+    tok = json.load(open(path, encoding="utf-8"))
+    tok["model"]["vocab"], tok["model"]["merges"] = trimmed_vocab(tok["model"]["vocab"], tok["model"]["merges"], 400)
+    tok["added_tokens"] = [dict(t, id=400 + i) for i, t in enumerate(tok.get("added_tokens", [])[:3])]
+    write("bpe_json", name, json.dumps(tok, ensure_ascii=False))
+
+# vocab.json + merges.txt (GPT-2), joined by a NUL byte as fuzz_bpe_vocab_merges reads them.
+gpt2 = os.path.join(data, "tokenizers", "gpt2")
+vocab = json.load(open(os.path.join(gpt2, "vocab.json"), encoding="utf-8"))
+lines = open(os.path.join(gpt2, "merges.txt"), encoding="utf-8").read().split("\n")
+merges = [l for l in lines[1:] if l]
+vocab, merges = trimmed_vocab(vocab, merges, 400)
+write("bpe_vocab_merges", "gpt2", json.dumps(vocab, ensure_ascii=False) + "\0" + lines[0] + "\n" + "\n".join(merges) + "\n")
+
+# Task JSONL: the first lines of every task file.
+for task in sorted(os.listdir(data)):
+    folder = os.path.join(data, task)
+    if not os.path.isdir(folder) or task in ("models", "tokenizers", "golden", "text"):
+        continue
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".jsonl"):
+            with open(os.path.join(folder, f), "rb") as src:
+                head = b"".join(src.readline() for _ in range(3))
+            write("task_jsonl", task + "-" + f, head[:4096])
+
+# results.csv: the header and first rows of each reference result in the repository.
+results = os.path.join(repo, "results")
+for d in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+    path = os.path.join(results, d, "results.csv")
+    if os.path.exists(path):
+        with open(path, "rb") as src:
+            write("results_csv", d, b"".join(src.readline() for _ in range(6)))
+
+# pytorch_model.bin: each real checkpoint's state-dict pickle, and a small zip holding
+# it the way torch.save lays records out (stored, uncompressed).
+for d in model_dirs:
+    path = os.path.join(models, d, "pytorch_model.bin")
+    if not os.path.exists(path):
+        continue
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            pkl = [n for n in z.namelist() if n.endswith("data.pkl")][0]
+            prefix = pkl[: -len("data.pkl")]
+            pickle_bytes = z.read(pkl)
+            write("pytorch_bin", d + "-data.pkl", pickle_bytes)
+            import io
+            buffer = io.BytesIO()
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as small:
+                small.writestr(prefix + "data.pkl", pickle_bytes)
+                small.writestr(prefix + "version", "3\n")
+                for n in z.namelist()[:4]:
+                    if "/data/" in n:
+                        small.writestr(n, z.read(n)[:64])
+            write("pytorch_bin", d + "-small.zip", buffer.getvalue())
+    else:
+        write("pytorch_bin", d + "-legacy-head", open(path, "rb").read()[:8192])

@@ -1,0 +1,426 @@
+// The bad-input suite: every case is a hostile or mistaken input to the CLI. Each must
+// end with a non-zero exit (not a signal), exactly one line on stderr that names the
+// file, key, flag or tensor at fault, and the files it was given left exactly as they
+// were. Cases are grouped by the input they break.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "notebooks-export/results_csv.h"
+#include "tests/test_support.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+void write(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// A model folder: the real stories260K (or another shared model) with config.json
+// patched (RFC 7386 merge patch: null deletes a key) and the weights linked, not copied.
+std::string model_dir(const std::string& root, const std::string& name, const json& patch,
+                      const std::string& base = "models/stories260K-hf") {
+  const std::string dir = root + "/" + name;
+  fs::create_directories(dir);
+  const std::string source = kvevict::test::data(base);
+  json config = kvevict::test::read_json(source + "/config.json");
+  config.merge_patch(patch);
+  write(dir + "/config.json", config.dump(2));
+  for (const char* file : {"model.safetensors", "tokenizer.model"})
+    if (fs::exists(source + "/" + file)) fs::create_symlink(source + "/" + file, dir + "/" + file);
+  return dir;
+}
+
+// A model folder whose model.safetensors is the given header and data bytes.
+std::string safetensors_model(const std::string& root, const std::string& name, const std::string& header,
+                              size_t data_bytes, int64_t header_length = -1) {
+  const std::string dir = root + "/" + name;
+  fs::create_directories(dir);
+  fs::copy_file(kvevict::test::data("models/stories260K-hf/config.json"), dir + "/config.json");
+  std::string bytes(8, '\0');
+  const uint64_t length = header_length >= 0 ? static_cast<uint64_t>(header_length) : header.size();
+  std::memcpy(&bytes[0], &length, 8);
+  write(dir + "/model.safetensors", bytes + header + std::string(data_bytes, '\0'));
+  return dir;
+}
+
+// Every file under `dir` with its bytes (the folder lock's sidecar excepted).
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  if (!fs::exists(dir)) return files;
+  for (auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.path().filename() == ".kvevict.lock") continue;
+    files[entry.path().string()] =
+        entry.is_regular_file() && !entry.is_symlink() ? kvevict::test::read_text(entry.path().string()) : "<dir>";
+  }
+  return files;
+}
+
+std::string results_header() { return kvevict::result_header() + "\n"; }
+std::string good_row(const std::string& task = "copa") {
+  kvevict::ResultRow row;
+  row.model = "models/stories260K-hf";
+  row.task = task;
+  row.policy = "full";
+  row.protocol = "stream";
+  row.mode = "simulation";
+  row.score = "sum";
+  row.shots = 0;
+  row.seed = 42;
+  row.metric = "acc";
+  row.value = 0.5;
+  row.n = 10;
+  return kvevict::format_row(row) + "\n";
+}
+
+struct Case {
+  std::string group, name;
+  // Builds the case's files under the folder given and returns the CLI arguments.
+  std::function<std::string(const std::string&)> setup;
+  std::vector<std::string> expected;  // every one must appear in the error line
+};
+
+const std::string kText = "--text-file " + std::string("../shared/data/text/tinystories_sample.txt");
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  auto config_case = [&](const std::string& name, const json& patch, const std::string& key,
+                         const std::string& base = "models/stories260K-hf") {
+    c.push_back({"config.json", name,
+                 [=](const std::string& d) {
+                   return "generate --max-new-tokens 1 --model " + model_dir(d, "m", patch, base);
+                 },
+                 {"config.json", key}});
+  };
+  // config.json: sizes, types and ranges, before any arithmetic or allocation.
+  config_case("zero heads (was SIGFPE)", {{"num_attention_heads", 0}}, "num_attention_heads");
+  config_case("2^40 layers (was unbounded memory)", {{"num_hidden_layers", 1099511627776LL}}, "num_hidden_layers");
+  config_case("negative hidden size", {{"hidden_size", -16}}, "hidden_size");
+  config_case("zero vocabulary", {{"vocab_size", 0}}, "vocab_size");
+  config_case("fractional intermediate size", {{"intermediate_size", 1.5}}, "intermediate_size");
+  config_case("negative max positions", {{"max_position_embeddings", -1}}, "max_position_embeddings");
+  config_case("kv heads not dividing heads", {{"num_key_value_heads", 3}}, "num_key_value_heads");
+  config_case("zero kv heads", {{"num_key_value_heads", 0}}, "num_key_value_heads");
+  config_case("string rms_norm_eps (was the default)", {{"rms_norm_eps", "x"}}, "rms_norm_eps");
+  config_case("negative rms_norm_eps", {{"rms_norm_eps", -1e-5}}, "rms_norm_eps");
+  config_case("string rope_theta", {{"rope_theta", "big"}}, "rope_theta");
+  config_case("zero rope_theta", {{"rope_theta", 0}}, "rope_theta");
+  config_case("string tie_word_embeddings", {{"tie_word_embeddings", "yes"}}, "tie_word_embeddings");
+  config_case("bos id outside the vocabulary", {{"bos_token_id", 100000}}, "bos_token_id");
+  config_case("string eos id", {{"eos_token_id", "2"}}, "eos_token_id");
+  config_case("unsupported hidden_act", {{"hidden_act", "gelu"}}, "hidden_act");
+  config_case("numeric hidden_act", {{"hidden_act", 7}}, "hidden_act");
+  config_case("unknown model_type", {{"model_type", "bert"}}, "model_type");
+  config_case("negative rope_scaling factor", {{"rope_scaling", {{"rope_type", "linear"}, {"factor", -2}}}}, "factor");
+  config_case("unimplemented rope_scaling type", {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 2}}}}, "yarn");
+  config_case("head_dim zero", {{"head_dim", 0}}, "head_dim");
+  config_case("gpt_neox rotary_pct 7 (was a stack trace)", {{"rotary_pct", 7}}, "rotary_pct", "models/tiny-random-gptneox");
+  config_case("gpt_neox rotary_pct -1 (was a stack trace)", {{"rotary_pct", -1}}, "rotary_pct", "models/tiny-random-gptneox");
+  config_case("gpt_neox zero heads (was SIGFPE)", {{"num_attention_heads", 0}}, "num_attention_heads", "models/tiny-random-gptneox");
+  config_case("opt zero heads (was SIGFPE)", {{"num_attention_heads", 0}}, "num_attention_heads", "models/tiny-random-opt");
+  config_case("opt heads not dividing hidden", {{"num_attention_heads", 3}}, "num_attention_heads", "models/tiny-random-opt");
+  config_case("opt string do_layer_norm_before", {{"do_layer_norm_before", "no"}}, "do_layer_norm_before", "models/tiny-random-opt");
+  config_case("phi3 partial_rotary_factor 2", {{"partial_rotary_factor", 2}}, "partial_rotary_factor", "models/tiny-random-phi3");
+  c.push_back({"config.json", "config.json not JSON",
+               [](const std::string& d) {
+                 const std::string m = model_dir(d, "m", json::object());
+                 fs::remove(m + "/config.json");
+                 write(m + "/config.json", "{\"model_type\": \"llama\",");
+                 return "generate --model " + m;
+               },
+               {"config.json", "malformed JSON"}});
+  c.push_back({"config.json", "config.json is a folder",
+               [](const std::string& d) {
+                 const std::string m = model_dir(d, "m", json::object());
+                 fs::remove(m + "/config.json");
+                 fs::create_directories(m + "/config.json");
+                 return "generate --model " + m;
+               },
+               {"config.json"}});
+  c.push_back({"tokenizer", "tokenizer larger than the model's vocabulary",
+               [](const std::string& d) {
+                 const std::string m = d + "/small";
+                 kvevict::test::run_kvevict("make-random-model --out " + m +
+                                            " --layers 1 --hidden 16 --heads 2 --kv-heads 2 --intermediate 8 --vocab 100");
+                 fs::copy_file(kvevict::test::data("models/stories260K-hf/tokenizer.model"), m + "/tokenizer.model");
+                 return "generate --max-new-tokens 1 --model " + m;
+               },
+               {"tokenizer", "512", "vocab_size is 100"}});
+
+  // model.safetensors: offsets, sizes and names.
+  auto tensor = [](const std::string& name, const std::string& shape, int64_t begin, int64_t end) {
+    return "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" + std::to_string(begin) +
+           "," + std::to_string(end) + "]}";
+  };
+  auto st_case = [&](const std::string& name, const std::string& header, size_t data, const std::string& key,
+                     int64_t header_length = -1) {
+    c.push_back({"safetensors", name,
+                 [=](const std::string& d) {
+                   return "generate --model " + safetensors_model(d, "m", header, data, header_length);
+                 },
+                 {"model.safetensors", key}});
+  };
+  st_case("overlapping data_offsets", "{" + tensor("a", "[4]", 0, 16) + "," + tensor("b", "[4]", 8, 24) + "}", 24, "overlap");
+  st_case("duplicate tensor name", "{" + tensor("a", "[4]", 0, 16) + "," + tensor("a", "[4]", 16, 32) + "}", 32, "twice");
+  st_case("offsets past the end", "{" + tensor("a", "[4]", 0, 16) + "}", 8, "run past");
+  st_case("shape size overflows (was 'needs 0 bytes')", "{" + tensor("a", "[4294967296,4294967296]", 0, 16) + "}", 16, "overflows");
+  st_case("negative shape", "{" + tensor("a", "[-4]", 0, 16) + "}", 16, "negative");
+  st_case("gap between tensors", "{" + tensor("a", "[4]", 0, 16) + "," + tensor("b", "[4]", 32, 48) + "}", 48, "gap");
+  st_case("bytes after the last tensor", "{" + tensor("a", "[4]", 0, 16) + "}", 32, "data bytes");
+  st_case("shape and offsets disagree", "{" + tensor("a", "[5]", 0, 16) + "}", 16, "needs 20 bytes");
+  st_case("header length past the file", "{}", 0, "header length", 1 << 20);
+  st_case("header not JSON", "{\"a\":", 0, "malformed");
+  c.push_back({"safetensors", "file shorter than 8 bytes",
+               [](const std::string& d) {
+                 const std::string m = safetensors_model(d, "m", "{}", 0);
+                 write(m + "/model.safetensors", "abc");
+                 return "generate --model " + m;
+               },
+               {"model.safetensors", "truncated"}});
+  c.push_back({"safetensors", "index naming a missing shard",
+               [](const std::string& d) {
+                 const std::string m = safetensors_model(d, "m", "{}", 0);
+                 fs::remove(m + "/model.safetensors");
+                 write(m + "/model.safetensors.index.json", R"({"weight_map": {"a": "model-00001.safetensors"}})");
+                 return "generate --model " + m;
+               },
+               {"model.safetensors.index.json", "model-00001.safetensors"}});
+  c.push_back({"safetensors", "index pointing outside the folder",
+               [](const std::string& d) {
+                 const std::string m = safetensors_model(d, "m", "{}", 0);
+                 fs::remove(m + "/model.safetensors");
+                 write(m + "/model.safetensors.index.json", R"({"weight_map": {"a": "../x.safetensors"}})");
+                 return "generate --model " + m;
+               },
+               {"model.safetensors.index.json", "../x.safetensors"}});
+
+  // make-random-model: every size checked before anything is written.
+  auto random_case = [&](const std::string& name, const std::string& flags, const std::string& key) {
+    c.push_back({"make-random-model", name,
+                 [=](const std::string& d) { return "make-random-model --out " + d + "/r " + flags; },
+                 {key}});
+  };
+  random_case("zero heads (was SIGFPE)", "--heads 0", "--heads");
+  random_case("negative hidden (was a stack trace and a partial file)", "--hidden -16", "--hidden");
+  random_case("zero layers", "--layers 0", "--layers");
+  random_case("2^40 layers", "--layers 1099511627776", "--layers");
+  random_case("kv heads not dividing heads", "--heads 4 --kv-heads 3 --hidden 64", "kv-heads");
+  random_case("zero vocabulary", "--vocab 0", "--vocab");
+  random_case("odd head width", "--hidden 12 --heads 4 --kv-heads 4", "head width");
+  c.push_back({"make-random-model", "--out is a file",
+               [](const std::string& d) {
+                 write(d + "/file", "x");
+                 return "make-random-model --out " + d + "/file --layers 1 --hidden 16 --heads 2 --kv-heads 2";
+               },
+               {"--out", "file"}});
+
+  // CLI numbers, enums and exclusive flags.
+  auto cli_case = [&](const std::string& name, const std::string& args, const std::string& key) {
+    c.push_back({"flags", name, [=](const std::string&) { return args; }, {key}});
+  };
+  const std::string gen = "generate --max-new-tokens 2 ";
+  cli_case("--max-new-tokens 0", "generate --max-new-tokens 0", "--max-new-tokens");
+  cli_case("--temperature nan", gen + "--temperature nan", "--temperature");
+  cli_case("--temperature -1", gen + "--temperature -1", "--temperature");
+  cli_case("--budget nan (was no budget)", gen + "--policy h2o --budget nan", "--budget");
+  cli_case("--budget -1 (was no budget)", gen + "--policy full --budget -1", "--budget");
+  cli_case("--budget 1.5", gen + "--policy h2o --budget 1.5", "--budget");
+  cli_case("--budget with --budget-tokens (was the tokens)", gen + "--policy h2o --budget 0.5 --budget-tokens 4", "--budget-tokens");
+  cli_case("--budget-tokens 0", gen + "--policy h2o --budget-tokens 0", "--budget-tokens");
+  cli_case("--kernel 0 (was no pooling)", gen + "--policy snapkv --budget 0.5 --kernel 0", "--kernel");
+  cli_case("--kernel -3", gen + "--policy snapkv --budget 0.5 --kernel -3", "--kernel");
+  cli_case("--kernel 4 (even: no centre)", gen + "--policy snapkv --budget 0.5 --kernel 4", "--kernel");
+  cli_case("--group-reduce sum (was mean)", gen + "--policy h2o --budget 0.5 --group-reduce sum", "--group-reduce");
+  cli_case("--pooling median", gen + "--policy snapkv --budget 0.5 --pooling median", "--pooling");
+  cli_case("--n-sink -4", gen + "--policy streamingllm --budget 0.5 --n-sink -4", "--n-sink");
+  cli_case("--heavy-ratio -0.1", gen + "--policy h2o-paper --heavy-ratio -0.1 --recent-ratio 0.1", "--heavy-ratio");
+  cli_case("--heavy-share 2", gen + "--policy h2o --budget 0.5 --heavy-share 2", "--heavy-share");
+  cli_case("--window 0", gen + "--policy snapkv --budget 0.5 --window 0", "--window");
+  cli_case("--summary 0", gen + "--policy sparse-fixed --budget 0.5 --summary 0", "--summary");
+  cli_case("unknown policy", gen + "--policy lru --budget 0.5", "lru");
+  cli_case("perplexity --max-tokens 0 (was all)", "perplexity " + kText + " --max-tokens 0", "--max-tokens");
+  cli_case("perplexity --prefill -3", "perplexity " + kText + " --prefill -3", "--prefill");
+  cli_case("perplexity --mode fast", "perplexity " + kText + " --mode fast", "fast");
+  cli_case("eval --max-length -4 (was a vector max_size error)", "eval --task copa --limit 2 --max-length -4", "--max-length");
+  cli_case("eval --shots -1", "eval --task copa --limit 2 --shots -1", "--shots");
+  cli_case("eval --format xml", "eval --task copa --limit 2 --format xml", "--format");
+  cli_case("eval unknown task", "eval --task boolq --limit 2", "boolq");
+  cli_case("bench --repeat 0", "bench --repeat 0", "--repeat");
+  cli_case("unknown flag", "generate --bogus 3", "--bogus");
+  cli_case("--dtype int8", gen + "--dtype int8", "int8");
+  cli_case("--device tpu", gen + "--device tpu", "tpu");
+
+  // Files given on the command line.
+  c.push_back({"files", "--text-file is a folder (was basic_filebuf::underflow)",
+               [](const std::string& d) {
+                 fs::create_directories(d + "/folder");
+                 return "perplexity --text-file " + d + "/folder";
+               },
+               {"folder"}});
+  c.push_back({"files", "--tokens-file with a word",
+               [](const std::string& d) {
+                 write(d + "/tokens.txt", "1 2 3\n4 five 6\n");
+                 return "perplexity --tokens-file " + d + "/tokens.txt";
+               },
+               {"tokens.txt:2"}});
+  c.push_back({"files", "rouge --jsonl with a bad line",
+               [](const std::string& d) {
+                 write(d + "/p.jsonl", "{\"reference\": \"a\", \"prediction\": \"a\"}\n{\"reference\": 3\n");
+                 return "rouge --jsonl " + d + "/p.jsonl";
+               },
+               {"p.jsonl:2"}});
+
+  // Sweep configs.
+  auto sweep_case = [&](const std::string& name, const json& patch, const std::string& key) {
+    c.push_back({"sweep config", name,
+                 [=](const std::string& d) {
+                   json config = {{"tasks", {"copa"}}, {"policies", {"full", "h2o"}}, {"budgets", {0.5}}, {"limit", 2}};
+                   config.merge_patch(patch);
+                   write(d + "/sweep.json", config.dump());
+                   return "sweep " + d + "/sweep.json --out " + d + "/out";
+                 },
+                 {"sweep.json", key}});
+  };
+  sweep_case("misspelled policy_options key (was ignored)", {{"policy_options", {{"kernal", 5}}}}, "kernal");
+  sweep_case("string policy_options value", {{"policy_options", {{"kernel", "5"}}}}, "policy_options.kernel");
+  sweep_case("even kernel in policy_options", {{"policy_options", {{"kernel", 4}}}}, "--kernel");
+  sweep_case("policy_options not an object", {{"policy_options", 3}}, "policy_options");
+  sweep_case("budget above 1", {{"budgets", {1.5}}}, "budget");
+  sweep_case("zero budget_tokens", {{"budget_tokens", {0}}}, "budget_tokens");
+  sweep_case("unknown top-level key", {{"budgetz", {0.5}}}, "budgetz");
+  sweep_case("mode of the wrong type (was a bare JSON error)", {{"mode", 5}}, "wrong type");
+  sweep_case("limit of the wrong type", {{"limit", {{"copa", "x"}}}}, "wrong type");
+  c.push_back({"sweep config", "config not JSON",
+               [](const std::string& d) {
+                 write(d + "/sweep.json", "{\"tasks\": [\"copa\"");
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"sweep.json", "malformed JSON"}});
+
+  // Output folders and results files: checked before any cell runs, never rewritten.
+  const std::string sweep_json = R"({"tasks": ["copa"], "policies": ["full"], "limit": 2})";
+  c.push_back({"output folder", "--out is a file",
+               [=](const std::string& d) {
+                 write(d + "/sweep.json", sweep_json);
+                 write(d + "/out", "not a folder");
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"--out", "out"}});
+  c.push_back({"output folder", "results.csv without config.json (was mixed into)",
+               [=](const std::string& d) {
+                 write(d + "/sweep.json", sweep_json);
+                 write(d + "/out/results.csv", results_header() + good_row());
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"config.json"}});
+  c.push_back({"output folder", "results.csv is a folder (was found after all cells)",
+               [=](const std::string& d) {
+                 write(d + "/sweep.json", sweep_json);
+                 fs::create_directories(d + "/out/results.csv");
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"results.csv"}});
+  c.push_back({"results.csv", "table: a stray quote mid-file (was a torn last line)",
+               [](const std::string& d) {
+                 write(d + "/r/results.csv", results_header() + good_row() + "\"copa,full\n" + good_row() + good_row());
+                 write(d + "/r/config.json", "{}");
+                 return "table " + d + "/r";
+               },
+               {"results.csv:3"}});
+  c.push_back({"results.csv", "table: a short line with its newline at the end",
+               [](const std::string& d) {
+                 write(d + "/r/results.csv", results_header() + good_row() + "copa,full\n");
+                 return "table " + d + "/r";
+               },
+               {"results.csv:3", "fields"}});
+  c.push_back({"results.csv", "table: a wrong header",
+               [](const std::string& d) {
+                 write(d + "/r/results.csv", "model,task\n" + good_row());
+                 return "table " + d + "/r";
+               },
+               {"results.csv:1"}});
+  c.push_back({"results.csv", "table: a bad number",
+               [](const std::string& d) {
+                 std::string row = good_row();
+                 row.replace(row.find(",0.5,"), 5, ",0.5x,");
+                 write(d + "/r/results.csv", results_header() + row);
+                 return "table " + d + "/r";
+               },
+               {"results.csv:2", "value"}});
+  c.push_back({"results.csv", "table --metric bleu (was an empty table)",
+               [](const std::string& d) {
+                 write(d + "/r/results.csv", results_header() + good_row());
+                 return "table " + d + "/r --metric bleu --out " + d + "/t";
+               },
+               {"--metric", "bleu"}});
+  c.push_back({"results.csv", "table --out in a missing /proc folder (was 'wrote')",
+               [](const std::string& d) {
+                 write(d + "/r/results.csv", results_header() + good_row());
+                 return "table " + d + "/r --out /proc/x/t";
+               },
+               {"/proc/x/t"}});
+  c.push_back({"results.csv", "table: results.csv is a folder",
+               [](const std::string& d) {
+                 fs::create_directories(d + "/r/results.csv");
+                 return "table " + d + "/r";
+               },
+               {"results.csv"}});
+  c.push_back({"results.csv", "merge: a malformed shard line",
+               [](const std::string& d) {
+                 write(d + "/s0/config.json", R"({"config": {"tasks": ["copa"]}, "shard": [0, 1]})");
+                 write(d + "/s0/results.csv", results_header() + "copa,\"x\n" + good_row());
+                 return "merge " + d + "/s0 --out " + d + "/merged";
+               },
+               {"results.csv:2"}});
+  c.push_back({"results.csv", "export: a malformed line",
+               [](const std::string& d) {
+                 write(d + "/r/results.csv", results_header() + good_row() + "a,b\n" + good_row());
+                 return "export " + d + "/r --svg " + d + "/svg";
+               },
+               {"results.csv:3"}});
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
+  const auto all = cases();
+  REQUIRE(all.size() >= 60);
+  int clean = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Case& bad = all[i];
+    const std::string dir = kvevict::test::temp_dir("bad_input_" + std::to_string(i));
+    const std::string args = bad.setup(dir);
+    const auto before = snapshot(dir);
+    const auto result = kvevict::test::run_kvevict(args);
+    INFO(bad.group << ": " << bad.name << "\n  kvevict " << args << "\n  stderr: " << result.err);
+    const bool exited = result.exit_code > 0 && result.exit_code < 128;  // -1: killed by a signal
+    const bool one_line = std::count(result.err.begin(), result.err.end(), '\n') == 1 &&
+                          result.err.back() == '\n';
+    bool names_it = true;
+    for (const auto& key : bad.expected) names_it = names_it && result.err.find(key) != std::string::npos;
+    const bool no_internals = result.err.find("frame #") == std::string::npos &&
+                              result.err.find("json.exception") == std::string::npos &&
+                              result.err.find("basic_filebuf") == std::string::npos;
+    const bool untouched = snapshot(dir) == before;
+    CHECK(exited);
+    CHECK(one_line);
+    CHECK(names_it);
+    CHECK(no_internals);
+    CHECK(untouched);
+    if (exited && one_line && names_it && no_internals && untouched) ++clean;
+    fs::remove_all(dir);
+  }
+  WARN("bad-input suite: " << clean << " of " << all.size() << " cases gave a clean error");
+}

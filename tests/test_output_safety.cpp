@@ -1,0 +1,133 @@
+// Results files that cannot lose or double a row: the output-folder lock (two writers,
+// --wait), duplicate grid cells, and a mid-file corruption that resume must not "repair".
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "harness/common/errors.h"
+#include "harness/common/folder_lock.h"
+#include "notebooks-export/results_csv.h"
+#include "tests/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace kvevict;
+
+namespace {
+
+const char* kTinySweep = R"({"tasks": ["copa"], "policies": ["full", "h2o"], "budgets": [0.5], "limit": 3,
+                             "max_length": 128})";
+
+std::string write_config(const std::string& dir, const std::string& text) {
+  const std::string path = dir + "/sweep.json";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Cell keys with their metric, once per row: a doubled row shows as a repeated entry.
+std::vector<std::string> row_keys(const std::string& out) {
+  std::vector<std::string> keys;
+  for (const auto& row : read_results_csv(out + "/results.csv")) {
+    auto fields = row.fields();
+    keys.push_back(fields["task"] + "|" + fields["policy"] + "|" + fields["budget"] + "|" + row.metric);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// Starts `kvevict ARGS` in the background; its stderr goes to err, its exit code to rc.
+void start(const std::string& args, const std::string& err, const std::string& rc) {
+  const std::string command = "(" + test::kvevict_binary() + " " + args + " >/dev/null 2>" + err + "; echo $? >" + rc +
+                              ") &";
+  REQUIRE(std::system(command.c_str()) == 0);
+}
+
+std::string wait_for_file(const std::string& path) {
+  for (int i = 0; i < 6000 && !(fs::exists(path) && fs::file_size(path) > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return test::read_text(path);
+}
+
+}  // namespace
+
+TEST_CASE("a folder another process writes to is refused, or waited for with --wait", "[sweep][lock]") {
+  const std::string dir = test::temp_dir("lock_refuse");
+  const std::string config = write_config(dir, kTinySweep);
+  const std::string out = dir + "/out";
+  fs::create_directories(out);
+  {
+    FolderLock held(out, false);  // this test process plays the other writer
+    auto refused = test::run_kvevict("sweep " + config + " --out " + out);
+    CHECK(refused.exit_code == 1);
+    CHECK_THAT(refused.err, Catch::Contains(out) && Catch::Contains("another kvevict process") &&
+                                Catch::Contains("--wait"));
+    CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+    CHECK_FALSE(fs::exists(out + "/results.csv"));
+    auto merge_refused = test::run_kvevict("merge " + out + " --out " + out);
+    CHECK(merge_refused.exit_code == 1);
+    CHECK_THAT(merge_refused.err, Catch::Contains("another kvevict process"));
+
+    // --wait: the sweep says it waits, and runs once the lock is free.
+    start("sweep " + config + " --out " + out + " --wait", dir + "/err", dir + "/rc");
+    for (int i = 0; i < 6000 && test::read_text(dir + "/err").find("waiting") == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_THAT(test::read_text(dir + "/err"), Catch::Contains("waiting for another kvevict process"));
+    CHECK_FALSE(fs::exists(out + "/results.csv"));  // nothing written while it waits
+  }
+  CHECK(wait_for_file(dir + "/rc") == "0\n");
+  const auto keys = row_keys(out);
+  CHECK(keys.size() == 4);  // copa acc + acc_norm for full and h2o
+  CHECK(std::set<std::string>(keys.begin(), keys.end()).size() == keys.size());
+}
+
+TEST_CASE("two sweeps started at once on one --out leave each row exactly once", "[sweep][lock]") {
+  const std::string dir = test::temp_dir("lock_race");
+  const std::string config = write_config(dir, kTinySweep);
+  for (const std::string wait : {"", " --wait"}) {
+    INFO("flags:" << wait);
+    const std::string out = dir + "/out" + std::to_string(wait.size());
+    fs::remove(dir + "/rc1");
+    fs::remove(dir + "/rc2");
+    start("sweep " + config + " --out " + out + wait, dir + "/err1", dir + "/rc1");
+    start("sweep " + config + " --out " + out + wait, dir + "/err2", dir + "/rc2");
+    const std::string rc1 = wait_for_file(dir + "/rc1"), rc2 = wait_for_file(dir + "/rc2");
+    const std::string err1 = test::read_text(dir + "/err1"), err2 = test::read_text(dir + "/err2");
+    INFO("first: " << rc1 << err1 << "second: " << rc2 << err2);
+    CHECK((rc1 == "0\n" || rc2 == "0\n"));
+    if (!wait.empty()) CHECK((rc1 == "0\n" && rc2 == "0\n"));
+    for (const auto& [rc, err] : {std::make_pair(rc1, err1), std::make_pair(rc2, err2)})
+      if (rc != "0\n") CHECK_THAT(err, Catch::Contains("another kvevict process"));
+    const auto keys = row_keys(out);
+    CHECK(keys.size() == 4);
+    CHECK(std::set<std::string>(keys.begin(), keys.end()).size() == keys.size());
+  }
+}
+
+TEST_CASE("a grid listing a cell twice runs it once, with a note", "[sweep]") {
+  const std::string dir = test::temp_dir("duplicate_cells");
+  const std::string config = write_config(
+      dir, R"({"tasks": ["copa"], "policies": ["full", "h2o", "full"], "budgets": [0.5, 0.5], "limit": 3, "max_length": 128})");
+  auto run = test::run_kvevict("sweep " + config + " --out " + dir + "/out");
+  REQUIRE(run.exit_code == 0);
+  CHECK_THAT(run.err, Catch::Contains("duplicate cell task=copa policy=h2o budget=0.5"));
+  CHECK_THAT(run.err, Catch::Contains("sweep 2 cells"));
+  CHECK(row_keys(dir + "/out").size() == 4);
+}
+
+TEST_CASE("resume refuses a results.csv corrupted mid-file instead of truncating it", "[sweep]") {
+  const std::string dir = test::temp_dir("resume_corrupt");
+  const std::string config = write_config(dir, kTinySweep);
+  const std::string out = dir + "/out";
+  REQUIRE(test::run_kvevict("sweep " + config + " --out " + out).exit_code == 0);
+  std::string text = test::read_text(out + "/results.csv");
+  const size_t second_row = text.find('\n') + 1;
+  text.insert(second_row, "\"");  // one stray quote at the start of row 2
+  std::ofstream(out + "/results.csv", std::ios::binary) << text;
+  auto resumed = test::run_kvevict("sweep " + config + " --out " + out);
+  CHECK(resumed.exit_code == 1);
+  CHECK_THAT(resumed.err, Catch::Contains(out + "/results.csv:2:"));
+  CHECK(test::read_text(out + "/results.csv") == text);  // nothing cut, nothing appended
+}
