@@ -73,6 +73,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   model->arch_ = describe_architecture(config, config_path,
                                        [&](const std::string& n) { return weights.has(n); });
   const ArchSpec& arch = model->arch_;
+  // A tiny model's ops are too small to split: an OpenMP team costs more than it saves
+  // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine).
+  if (options.threads == 0 && arch.hidden < 256) set_thread_count(1);
 
   model->layers_.resize(arch.n_layers);
   std::set<std::string> expected;
