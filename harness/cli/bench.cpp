@@ -9,7 +9,9 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
+#include <sstream>
 
 #include "harness/model/architecture.h"
 #include "harness/common/atomic_file.h"
@@ -20,6 +22,8 @@
 #include "harness/common/files.h"
 #include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
+#include "harness/model/threads.h"
+#include "harness/runtime/roofline.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -50,6 +54,8 @@ std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
 struct StepTime {
   double total = 1e30;      // seconds per decode step
   double attention = 1e30;  // of which inside attention (scores, softmax, values, eviction)
+  int64_t held_bytes = 0;   // K/V memory the cache held at the end
+  int64_t cached_tokens = 0;
 };
 
 // Per decode step after a prefill of `prefill` tokens (compressed to the policy's
@@ -65,15 +71,24 @@ StepTime decode_step_time(const Model& model, const Policy& policy, const std::v
     for (int s = 0; s < steps; ++s) model.forward({tokens[prefill + s]}, prefill + s, cache);
     best.total = std::min(best.total, seconds_since(t0) / steps);
     best.attention = std::min(best.attention, (cache.attention_seconds() - attention_before) / steps);
+    best.held_bytes = cache.held_bytes();
+    best.cached_tokens = cache.cached_tokens(0);
   }
   return best;
 }
 
+std::string percent(double fraction) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << 100 * fraction << "%";
+  return out.str();
+}
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+// The roofline: the machine's GEMM peak (each dtype) and read bandwidth (each thread
+// count), then the forward, decode, sim-mode and memory phases as fractions of them.
 int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
-  const std::string model_dir = config.value("model", args.model);
-  auto t0 = Clock::now();
-  auto model = Model::load(model_dir, args.runtime.options);
-  const double load = seconds_since(t0);
+  const std::string model_dir = args.model_given ? args.model : config.value("model", args.model);
   const int T = config.value("tokens", 1024);
   const int steps = config.value("decode_steps", 32);
   const int repeat = config.value("repeat", args.repeat);
@@ -82,39 +97,122 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     throw Error(args.config + ": a policy benchmark needs \"sim_policies\" and \"decode_policy\"");
   const auto policies = config["sim_policies"].get<std::vector<std::string>>();
   const std::string decode_policy = config["decode_policy"].get<std::string>();
-  auto tokens = random_tokens(T + steps, static_cast<int>(model->arch().vocab), 1);
-  std::vector<int> seq(tokens.begin(), tokens.begin() + T);
+  const auto dtypes = config.value("dtypes", std::vector<std::string>{args.runtime.options.dtype});
+  auto decode_threads = config.value("decode_threads", std::vector<int>{});
+  const int memory_tokens = config.value("memory_tokens", 0);
+  const int threads = set_thread_count(args.runtime.options.threads);
+  if (decode_threads.empty()) decode_threads.push_back(threads);
 
   std::cout << std::fixed << std::setprecision(4);
-  std::cout << "model " << model_dir << " (" << model->arch().model_type << ", " << model->arch().n_layers
-            << " layers, hidden " << model->arch().hidden << ", " << model->arch().n_heads << " heads)\n";
-  std::cout << "load_seconds " << load << "\n";
+  std::cout << "threads " << threads << " (physical cores " << physical_core_count() << ") load_average "
+            << load_average() << std::endl;
+  ModelOptions fp32_options = args.runtime.options;
+  fp32_options.dtype = dtypes.front();
+  auto t0 = Clock::now();
+  auto model = Model::load(model_dir, fp32_options);
+  const double load = seconds_since(t0);
+  const ArchSpec& arch = model->arch();
+  std::cout << "model " << model_dir << " (" << arch.model_type << ", " << arch.n_layers << " layers, hidden "
+            << arch.hidden << ", " << arch.n_heads << " heads) " << dtypes.front() << " load_seconds " << load << std::endl;
   PolicyOptions none;
   auto full = make_policy(reference_policy_name(), none);
-  const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
-  std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim << "\n";
-  for (const auto& name : policies) {
+  auto policy_with_budget = [&](const std::string& name) {
     PolicyOptions o;
     o.budget.ratio = budget;  // the paper's split policies read it as heavy = recent = budget / 2
-    auto policy = make_policy(name, o);
-    const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
-    std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s
-              << " ratio_to_full " << s / full_sim << "\n";
+    return make_policy(name, o);
+  };
+
+  // Memory first, before other phases leave freed blocks in the allocator's caches.
+  if (memory_tokens > 0) {
+    auto seq = random_tokens(memory_tokens, static_cast<int>(arch.vocab), 3);
+    auto policy = policy_with_budget(decode_policy);
+    reset_peak_rss();
+    const double s = best_time(1, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    std::cout << "memory sim_forward " << decode_policy << " budget " << budget << " T=" << memory_tokens
+              << " seconds " << s << " peak_rss_MiB " << mib(peak_rss_bytes()) << " weights_MiB "
+              << mib(decode_weight_bytes(arch, model->dtype())) << " load_average " << load_average() << std::endl;
   }
-  PolicyOptions o;
-  o.budget.ratio = budget;
-  auto evicting = make_policy(decode_policy, o);
-  // Decode steps are timed after a prefill of decode_tokens (default: tokens).
+
+  // Roofline limits.
+  const double bandwidth_bytes = config.value("bandwidth_MiB", 1024) * double(1 << 20);
+  std::map<int, double> bandwidth;
+  for (int n : decode_threads) {
+    set_thread_count(n);
+    bandwidth[n] = measure_read_bandwidth(static_cast<int64_t>(bandwidth_bytes), repeat + 2);
+    std::cout << "roofline read_bandwidth threads " << n << " GB_per_s " << bandwidth[n] / 1e9 << " load_average "
+              << load_average() << std::endl;
+  }
+  set_thread_count(threads);
+
+  // Forward and decode per dtype, against that dtype's GEMM peak and the bandwidth.
+  const int decode_prefill = config.value("decode_prefill", 16);
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    std::unique_ptr<Model> other;
+    if (i > 0) {
+      ModelOptions o = args.runtime.options;
+      o.dtype = dtypes[i];
+      other = Model::load(model_dir, o);
+    }
+    const Model& m = i == 0 ? *model : *other;
+    const auto peak = measure_gemm_peak(arch, m.dtype(), T, repeat + 1);
+    std::cout << "roofline gemm " << dtypes[i] << " rows " << T << " GFLOP_per_s model_mix "
+              << peak.mix_flops_per_s / 1e9 << " best_shape " << peak.best_flops_per_s / 1e9 << " " << peak.best_shape
+              << " load_average " << load_average() << std::endl;
+    auto seq = random_tokens(T, static_cast<int>(arch.vocab), 7);
+    const double fwd = best_time(repeat, [&] {
+      FullAttention attention;
+      m.forward(seq, 0, attention);
+    });
+    const double flops = forward_flops(arch, T) / fwd;
+    std::cout << "forward " << dtypes[i] << " T=" << T << " seconds " << fwd << " GFLOP "
+              << forward_flops(arch, T) / 1e9 << " GFLOP_per_s " << flops / 1e9 << " of_gemm_peak "
+              << percent(flops / peak.best_flops_per_s) << " of_model_mix " << percent(flops / peak.mix_flops_per_s)
+              << " load_average " << load_average() << std::endl;
+    auto decode_tokens = random_tokens(decode_prefill + steps, static_cast<int>(arch.vocab), 5);
+    for (int n : decode_threads) {
+      set_thread_count(n);
+      const StepTime step = decode_step_time(m, *full, decode_tokens, decode_prefill, steps, repeat);
+      // Per step: every weight once, plus the cache (about prefill + steps/2 rows).
+      const double bytes = decode_weight_bytes(arch, m.dtype()) +
+                           kv_bytes_per_token(arch, m.dtype()) * (decode_prefill + steps / 2.0);
+      std::cout << "decode " << dtypes[i] << " threads " << n << " tokens_per_s " << 1 / step.total
+                << " MB_per_token " << bytes / 1e6 << " GB_per_s " << bytes / step.total / 1e9 << " of_bandwidth "
+                << percent(bytes / step.total / bandwidth[n]) << " load_average " << load_average() << std::endl;
+    }
+    set_thread_count(threads);
+  }
+
+  // Sim-mode policies as a ratio to the full forward, in float32.
+  std::vector<int> seq;
+  {
+    auto tokens = random_tokens(T, static_cast<int>(arch.vocab), 1);
+    seq.assign(tokens.begin(), tokens.end());
+  }
+  const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
+  std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim
+            << " load_average " << load_average() << std::endl;
+  for (const auto& name : policies) {
+    auto policy = policy_with_budget(name);
+    const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s << " ratio_to_full "
+              << s / full_sim << " load_average " << load_average() << std::endl;
+  }
+
+  // Decode steps after a long prefill: the attention part under eviction vs the full cache.
+  auto evicting = policy_with_budget(decode_policy);
   const int decode_T = config.value("decode_tokens", T);
-  auto decode_tokens = random_tokens(decode_T + steps, static_cast<int>(model->arch().vocab), 2);
+  auto decode_tokens = random_tokens(decode_T + steps, static_cast<int>(arch.vocab), 2);
   const StepTime full_step = decode_step_time(*model, *full, decode_tokens, decode_T, steps, repeat);
   const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
+  const double full_kv = kv_bytes_per_token(arch, model->dtype()) * (decode_T + steps);
   std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " attention_ms "
-            << full_step.attention * 1e3 << "\n";
+            << full_step.attention * 1e3 << " kv_MiB " << mib(full_kv) << std::endl;
   std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_step.total * 1e3
             << " ratio_to_full " << evict_step.total / full_step.total << " attention_ms "
             << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention
-            << "\n";
+            << " kv_held_MiB " << mib(evict_step.held_bytes) << " kv_held_of_full "
+            << percent(evict_step.held_bytes / full_kv) << " load_average " << load_average() << std::endl;
+  std::cout << "peak_rss_MiB " << mib(peak_rss_bytes()) << " (since the memory phase)\n";
   return 0;
 }
 

@@ -11,6 +11,8 @@ namespace kvevict {
 inline void add_runtime_flags(CLI::App& app, ModelOptions& options) {
   app.add_option("--device", options.device, "cpu or cuda")->capture_default_str();
   app.add_option("--dtype", options.dtype, "float32, bfloat16 or float16")->capture_default_str();
+  app.add_option("--threads", options.threads, "CPU threads (default: all physical cores)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
 struct RuntimeFlags {
@@ -41,6 +43,7 @@ int run_perplexity(const PerplexityArgs& args);
 struct BenchArgs {
   std::string model, config;
   int tokens = 256, new_tokens = 128, repeat = 3;
+  bool model_given = false;  // --model was passed: it overrides a config's "model"
   RuntimeFlags runtime;
 };
 int run_bench(const BenchArgs& args, const std::string& data_override);

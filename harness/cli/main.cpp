@@ -5,6 +5,7 @@
 
 #include "harness/cli/command.h"
 #include "harness/common/version.h"
+#include "harness/model/threads.h"
 
 int main(int argc, char** argv) {
   using namespace kvevict;
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    set_thread_count(0);  // all physical cores unless --threads says otherwise
     for (auto& command : commands)
       if (command->parsed()) return command->run(data_override);
     return 0;

@@ -81,6 +81,7 @@ void add_model_commands(CLI::App& app, Commands& commands) {
                               });
   add_command<BenchArgs>(commands, app, "bench", "benchmarks that print numbers (load, generate, forward, policies)",
                          add_bench_flags, [](BenchArgs& bench, const Invocation& at) {
+                           bench.model_given = !bench.model.empty();
                            resolve_default_model(bench.model, at.data_override);
                            return run_bench(bench, at.data_override);
                          });

@@ -10,6 +10,7 @@
 #include "harness/common/files.h"
 #include "harness/common/text.h"
 #include "harness/model/rope.h"
+#include "harness/model/threads.h"
 
 namespace kvevict {
 namespace {
@@ -18,6 +19,18 @@ const EnumName<torch::ScalarType> kDtypeNames[] = {
     {torch::kFloat32, "float32"},  {torch::kFloat32, "fp32"},  {torch::kBFloat16, "bfloat16"},
     {torch::kBFloat16, "bf16"},    {torch::kFloat16, "float16"}, {torch::kFloat16, "fp16"},
     {torch::kFloat64, "float64"},  {torch::kFloat64, "fp64"}};  // float64: reference checks
+
+// x [t, in] through weight [out, in] (+ bias). One row on the CPU is a matrix-vector
+// product: sgemm would pack the whole weight matrix for that single row (issue 14).
+// bf16/fp16 keep torch::linear, whose oneDNN path is the faster one there.
+torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
+  const auto type = x.scalar_type();
+  if (x.dim() == 2 && x.size(0) == 1 && x.device().is_cpu() && (type == torch::kFloat32 || type == torch::kFloat64)) {
+    auto y = bias.defined() ? torch::addmv(bias, weight, x[0]) : torch::mv(weight, x[0]);
+    return y.unsqueeze(0);
+  }
+  return torch::linear(x, weight, bias);
+}
 
 }  // namespace
 
@@ -40,6 +53,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   model->dir_ = dir;
   model->device_ = parse_device(options.device);
   model->dtype_ = parse_dtype(options.dtype);
+  if (options.threads > 0) set_thread_count(options.threads);  // else the process default (main: all cores)
 
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
@@ -50,6 +64,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   model->arch_ = describe_architecture(config, config_path,
                                        [&](const std::string& n) { return weights.has(n); });
   const ArchSpec& arch = model->arch_;
+  // A tiny model's ops are too small to split: an OpenMP team costs more than it saves
+  // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine).
+  if (options.threads == 0 && arch.hidden < 256) set_thread_count(1);
 
   model->layers_.resize(arch.n_layers);
   std::set<std::string> expected;
@@ -152,20 +169,20 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const to
   const int64_t t = h.size(0), hd = arch_.head_dim;
   torch::Tensor q, k, v;
   if (arch_.qkv == QkvLayout::FusedPerHead) {
-    auto qkv = torch::linear(h, W(Role::QkvWeight), W(Role::QkvBias)).view({t, arch_.n_heads, 3 * hd});
+    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias)).view({t, arch_.n_heads, 3 * hd});
     q = qkv.narrow(2, 0, hd);
     k = qkv.narrow(2, hd, hd);
     v = qkv.narrow(2, 2 * hd, hd);
   } else if (arch_.qkv == QkvLayout::FusedRows) {
     const int64_t q_rows = arch_.n_heads * hd, kv_rows = arch_.n_kv_heads * hd;
-    auto qkv = torch::linear(h, W(Role::QkvWeight), W(Role::QkvBias));
+    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias));
     q = qkv.narrow(1, 0, q_rows).reshape({t, arch_.n_heads, hd});
     k = qkv.narrow(1, q_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
     v = qkv.narrow(1, q_rows + kv_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
   } else {
-    q = torch::linear(h, W(Role::QWeight), W(Role::QBias)).view({t, arch_.n_heads, hd});
-    k = torch::linear(h, W(Role::KWeight), W(Role::KBias)).view({t, arch_.n_kv_heads, hd});
-    v = torch::linear(h, W(Role::VWeight), W(Role::VBias)).view({t, arch_.n_kv_heads, hd});
+    q = project(h, W(Role::QWeight), W(Role::QBias)).view({t, arch_.n_heads, hd});
+    k = project(h, W(Role::KWeight), W(Role::KBias)).view({t, arch_.n_kv_heads, hd});
+    v = project(h, W(Role::VWeight), W(Role::VBias)).view({t, arch_.n_kv_heads, hd});
   }
   if (W(Role::QNormWeight).defined()) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
     q = rms_norm(q, W(Role::QNormWeight));
@@ -176,21 +193,21 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const to
     rotate(k, cos, sin);
   }
   auto out = attention.attend(layer, q.contiguous(), k.contiguous(), v.contiguous(), start);
-  return torch::linear(out, W(Role::OWeight), W(Role::OBias));
+  return project(out, W(Role::OWeight), W(Role::OBias));
 }
 
 torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h) const {
   const Slots& w = layers_[layer];
   auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
   if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
-    auto gate_up = torch::linear(h, W(Role::GateUpWeight));
+    auto gate_up = project(h, W(Role::GateUpWeight));
     const int64_t F = arch_.intermediate;
-    return torch::linear(torch::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
+    return project(torch::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
   }
   if (arch_.mlp == MlpKind::SwiGLU)
-    return torch::linear(torch::silu(torch::linear(h, W(Role::GateWeight))) * torch::linear(h, W(Role::UpWeight)),
+    return project(torch::silu(project(h, W(Role::GateWeight))) * project(h, W(Role::UpWeight)),
                          W(Role::DownWeight));
-  return torch::linear(activation(torch::linear(h, W(Role::Fc1Weight), W(Role::Fc1Bias))),
+  return project(activation(project(h, W(Role::Fc1Weight), W(Role::Fc1Bias))),
                        W(Role::Fc2Weight), W(Role::Fc2Bias));
 }
 
@@ -206,7 +223,7 @@ torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
   std::vector<int64_t> ids(tokens.begin(), tokens.end());
   auto id_tensor = torch::tensor(ids, torch::kLong).to(device_);
   auto x = G(Role::Embed).index_select(0, id_tensor);
-  if (G(Role::ProjectIn).defined()) x = torch::linear(x, G(Role::ProjectIn));
+  if (G(Role::ProjectIn).defined()) x = project(x, G(Role::ProjectIn));
 
   torch::Tensor cos, sin;
   auto positions = torch::arange(start, start + t, torch::kLong);
@@ -243,9 +260,9 @@ torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
     }
   }
   if (arch_.has_final_norm) x = norm(x, G(Role::FinalNormWeight), G(Role::FinalNormBias));
-  if (G(Role::ProjectOut).defined()) x = torch::linear(x, G(Role::ProjectOut));
+  if (G(Role::ProjectOut).defined()) x = project(x, G(Role::ProjectOut));
   const auto out_type = dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  return torch::linear(x, G(Role::LmHead)).to(torch::kCPU, out_type);
+  return project(x, G(Role::LmHead)).to(torch::kCPU, out_type);
 }
 
 }  // namespace kvevict

@@ -18,6 +18,7 @@ namespace kvevict {
 struct ModelOptions {
   std::string device = "cpu";    // "cpu" or "cuda[:N]"
   std::string dtype = "float32";  // "float32", "bfloat16", "float16" (or "float64" for checks)
+  int threads = 0;                // CPU threads for the math libraries (0: keep the process's setting)
 };
 
 torch::ScalarType parse_dtype(const std::string& name);

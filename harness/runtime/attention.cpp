@@ -45,12 +45,59 @@ torch::Tensor weighted_values(const torch::Tensor& probs, const torch::Tensor& v
   return ungroup_output(torch::bmm(probs, values.to(probs.scalar_type())), t, hq).to(out_type);
 }
 
+// Query rows per block of the blocked causal attention: about 2M scores (8 MB in
+// float32) per block, so no [heads, T, T] buffer is ever made.
+int64_t query_block_rows(int64_t hq, int64_t n) {
+  constexpr int64_t kBlockScores = int64_t{1} << 21;
+  return std::max<int64_t>(16, kBlockScores / std::max<int64_t>(1, hq * n));
+}
+
+// Attention of queries q [t, Hq, d] at positions n_prev .. n_prev+t-1 over keys and
+// values [Hkv, n_prev + t, d] whose row j holds position j, one block of query rows at
+// a time. A block sees keys 0 .. (its last query), so the masked upper triangle is
+// never computed. probabilities(logits, r0, rows, keys) turns the scaled logits of
+// query rows r0 .. r0+rows-1, [Hkv, g*rows, keys] in the accumulation type (head-major
+// within a KV group), into the probabilities that weight the values. Returns [t, Hq*d].
+template <typename ProbsFn>
+torch::Tensor causal_attention_blocks(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                      int64_t n_prev, ProbsFn&& probabilities) {
+  const int64_t t = q.size(0), hq = q.size(1), d = q.size(2), n_kv = keys.size(0);
+  const auto acc = accumulation_type(q.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto keys_t = keys.to(acc).transpose(1, 2);  // [Hkv, d, n]
+  const auto values_acc = values.to(acc);
+  auto out = torch::empty({t, hq * d}, q.options().dtype(acc));
+  const int64_t block = query_block_rows(hq, n_prev + t);
+  for (int64_t r0 = 0; r0 < t; r0 += block) {
+    const int64_t rows = std::min(block, t - r0), n = n_prev + r0 + rows;
+    auto logits = torch::bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n));
+    logits.mul_(scale);
+    torch::Tensor probs = probabilities(logits, r0, rows, n);
+    out.narrow(0, r0, rows).copy_(ungroup_output(torch::bmm(probs, values_acc.narrow(1, 0, n)), rows, hq));
+  }
+  return out.to(q.scalar_type());
+}
+
+// The causal (and sliding-window) softmax of a block of logits [Hkv, g*rows, n] whose
+// first query sits at position first_query and whose key j at position j.
+torch::Tensor masked_softmax(torch::Tensor logits, int64_t n_kv, int64_t first_query, int64_t rows,
+                             int64_t window) {
+  const int64_t n = logits.size(2);
+  auto query = torch::arange(first_query, first_query + rows, torch::kLong).unsqueeze(1);
+  auto key = torch::arange(0, n, torch::kLong).unsqueeze(0);
+  auto hidden = key > query;
+  if (window > 0) hidden = hidden.logical_or(key <= query - window);
+  logits.view({n_kv, -1, rows, n}).masked_fill_(hidden.to(logits.device()), -std::numeric_limits<double>::infinity());
+  return torch::softmax(logits, -1);
+}
+
 // Appends `rows` [Hkv, t, d] to a cache buffer with spare capacity (doubling), so a
 // decode step copies only the new token, not the whole cache.
 void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows) {
   const int64_t t = rows.size(1);
   if (!buffer.defined() || size + t > buffer.size(1)) {
-    const int64_t capacity = std::max<int64_t>(2 * (size + t), 16);
+    // A prefill block gets what it needs; token steps double the room.
+    const int64_t capacity = size == 0 && t > 1 ? t + 16 : std::max<int64_t>(2 * (size + t), 16);
     auto grown = torch::empty({rows.size(0), capacity, rows.size(2)}, rows.options());
     if (size > 0) grown.narrow(1, 0, size).copy_(buffer.narrow(1, 0, size));
     buffer = grown;
@@ -63,15 +110,11 @@ void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows
 
 torch::Tensor FullAttention::attend(int, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, int64_t) {
-  const int64_t t = q.size(0), hq = q.size(1), n_kv = k.size(1);
-  auto logits = attention_logits(q, k.permute({1, 0, 2}));  // [Hkv, g*t, t]
-  auto causal = torch::ones({t, t}, torch::kBool).triu(1);
-  if (sliding_window_ > 0)  // keys j <= i - window are out of the model's sight
-    causal = causal.logical_or(torch::ones({t, t}, torch::kBool).tril(-sliding_window_));
-  causal = causal.to(q.device());
-  logits = logits.view({n_kv, hq / n_kv, t, t}).masked_fill(causal, -std::numeric_limits<double>::infinity());
-  auto probs = torch::softmax(logits, -1).view({n_kv, (hq / n_kv) * t, t});
-  return weighted_values(probs, v.permute({1, 0, 2}), t, hq, q.scalar_type());
+  const int64_t n_kv = k.size(1), window = sliding_window_;
+  return causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0,
+                                 [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
+                                   return masked_softmax(logits, n_kv, r0, rows, window);
+                                 });
 }
 
 // ---------------------------------------------------------------------------------
@@ -96,87 +139,92 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
     full.set_sliding_window(sliding_window_);
     return full.attend(layer, q, k, v, start);
   }
-  // All T x T logits once per layer, on the CPU as one contiguous buffer; the policy
-  // work below (simulate_realisable) is a tight loop over it.
-  auto logits = attention_logits(q, k.permute({1, 0, 2})).to(torch::kCPU).contiguous();  // [Hq, T, T]
-  torch::Tensor probs;
-
-  if (!policy_.realisable()) {
-    // Sim-only policies work on float32 buffers, as the paper's code does.
-    auto logits32 = logits.to(torch::kFloat32).contiguous();  // no copy for float32 models
-    if (sliding_window_ > 0)  // the window comes before the policy: those keys are gone
-      logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
-                            -std::numeric_limits<float>::infinity());
-    auto probs32 = torch::zeros({hq, T, T}, torch::kFloat32);
-    policy_.as_sim_only()->simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
-    probs = probs32;
-    const Budget b = policy_.layer_budget(layer, shape_);
-    stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
-    stats_.visible_per_layer[layer] = static_cast<int>(
-        sliding_window_ > 0 ? std::min<int64_t>(stats_.kept_per_layer[layer], sliding_window_) : stats_.kept_per_layer[layer]);
-  } else {
-    probs = logits.scalar_type() == torch::kFloat64 ? simulate_realisable<double>(layer, logits, hq, n_kv, k)
-                                                    : simulate_realisable<float>(layer, logits, hq, n_kv, k);
+  if (policy_.realisable()) {
+    auto out = q.scalar_type() == torch::kFloat64 ? simulate_realisable<double>(layer, q, k, v)
+                                                  : simulate_realisable<float>(layer, q, k, v);
+    stats_.peak_bytes += stats_.max_per_layer[layer] * kv_bytes;
+    return out;
   }
+  // Sim-only policies see the whole layer at once: all T x T logits on the CPU as one
+  // contiguous float32 buffer (as the paper's code), freed before the values.
+  auto logits32 = attention_logits(q, k.permute({1, 0, 2})).to(torch::kCPU, torch::kFloat32).contiguous();  // [Hq, T, T]
+  if (sliding_window_ > 0)  // the window comes before the policy: those keys are gone
+    logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
+                          -std::numeric_limits<float>::infinity());
+  auto probs32 = torch::zeros({hq, T, T}, torch::kFloat32);
+  policy_.as_sim_only()->simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
+  logits32 = torch::Tensor();
+  const Budget b = policy_.layer_budget(layer, shape_);
+  stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
+  stats_.visible_per_layer[layer] = static_cast<int>(
+      sliding_window_ > 0 ? std::min<int64_t>(stats_.kept_per_layer[layer], sliding_window_) : stats_.kept_per_layer[layer]);
   stats_.peak_bytes += stats_.max_per_layer[layer] * kv_bytes;
-  auto p = probs.to(q.device(), logits.scalar_type()).view({n_kv, g * T, T});
+  const auto acc = accumulation_type(q.scalar_type());
+  auto p = probs32.to(q.device(), acc).view({n_kv, g * T, T});
   return weighted_values(p, v.permute({1, 0, 2}), T, hq, q.scalar_type());
 }
 
-// The row loop of a realisable policy: row i is masked by the current slots, the
-// policy observes the masked softmax, then evicts. Scalar is the logits' type.
+// The row loop of a realisable policy, one block of query rows at a time (see
+// causal_attention_blocks): row i is masked by the current slots, the policy observes
+// the masked softmax, then evicts. The probabilities overwrite the block's logits, so a
+// layer never holds more than one block of scores. Scalar is the accumulation type.
 template <typename Scalar>
-torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& logits, int64_t hq,
-                                                int64_t n_kv, const torch::Tensor& k) {
-  const int64_t g = hq / n_kv, T = logits.size(2);
-  torch::Tensor probs = torch::zeros({hq, T, T}, logits.options());
-  const Scalar* L = logits.data_ptr<Scalar>();
-  Scalar* P = probs.data_ptr<Scalar>();
+torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v) {
+  const int64_t hq = q.size(1), n_kv = k.size(1), g = hq / n_kv;
   auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
   const float* key_norms = norms.data_ptr<float>();
   auto state = policy_.as_realisable()->make_layer_state(layer, shape_);
   std::vector<float> row;  // what the policy observes: [Hq][slots]
-  std::vector<double> exps(T);
+  std::vector<double> exps(q.size(0));
   std::vector<std::vector<char>> pattern(n_kv);  // static sparse patterns: slots this row attends
   std::vector<char> masked(n_kv);
   int max_slots = 0, visible = 0;
-  for (int64_t i = 0; i < T; ++i) {
-    state->append(static_cast<int>(i), key_norms + i * n_kv);
-    const int n = state->size();
-    max_slots = std::max(max_slots, n);
-    row.resize(static_cast<size_t>(hq) * n);
-    // Slots the model's sliding window hides from query i: probability 0, as in decode.
-    const int64_t oldest_visible = sliding_window_ > 0 ? i - sliding_window_ + 1 : 0;
-    visible = 0;
-    for (int64_t kv = 0; kv < n_kv; ++kv) masked[kv] = state->visible_slots(static_cast<int>(kv), static_cast<int>(i), &pattern[kv]);
-    for (int64_t h = 0; h < hq; ++h) {
-      const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
-      const char* vis = masked[h / g] ? pattern[h / g].data() : nullptr;
-      const Scalar* logit_row = L + (h * T + i) * T;
-      double m = -std::numeric_limits<double>::infinity();
-      for (int s = 0; s < n; ++s)
-        if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logit_row[pos[s]]);
-      double sum = 0;  // exponentials summed in double: no rounding noise of its own
-      int seen = 0;
-      for (int s = 0; s < n; ++s) {
-        const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
-        exps[s] = attended ? std::exp(logit_row[pos[s]] - m) : 0.0;
-        sum += exps[s];
-        seen += attended;
+  auto block_probs = [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
+    auto block = logits.to(torch::kCPU).contiguous();  // [Hq, rows, n]
+    Scalar* L = block.data_ptr<Scalar>();
+    for (int64_t i = r0; i < r0 + rows; ++i) {
+      state->append(static_cast<int>(i), key_norms + i * n_kv);
+      const int slots = state->size();
+      max_slots = std::max(max_slots, slots);
+      row.resize(static_cast<size_t>(hq) * slots);
+      // Slots the model's sliding window hides from query i: probability 0, as in decode.
+      const int64_t oldest_visible = sliding_window_ > 0 ? i - sliding_window_ + 1 : 0;
+      visible = 0;
+      for (int64_t kv = 0; kv < n_kv; ++kv)
+        masked[kv] = state->visible_slots(static_cast<int>(kv), static_cast<int>(i), &pattern[kv]);
+      for (int64_t h = 0; h < hq; ++h) {
+        const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
+        const char* vis = masked[h / g] ? pattern[h / g].data() : nullptr;
+        Scalar* logit_row = L + (h * rows + (i - r0)) * n;
+        double m = -std::numeric_limits<double>::infinity();
+        for (int s = 0; s < slots; ++s)
+          if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logit_row[pos[s]]);
+        double sum = 0;  // exponentials summed in double: no rounding noise of its own
+        int seen = 0;
+        for (int s = 0; s < slots; ++s) {
+          const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
+          exps[s] = attended ? std::exp(logit_row[pos[s]] - m) : 0.0;
+          sum += exps[s];
+          seen += attended;
+        }
+        visible = std::max(visible, seen);
+        const double inv = 1.0 / sum;
+        // The row becomes its probabilities in place: zero but at the slots.
+        std::fill(logit_row, logit_row + n, Scalar(0));
+        float* out = row.data() + h * slots;
+        for (int s = 0; s < slots; ++s) out[s] = static_cast<float>(logit_row[pos[s]] = static_cast<Scalar>(exps[s] * inv));
       }
-      visible = std::max(visible, seen);
-      const double inv = 1.0 / sum;
-      Scalar* prob_row = P + (h * T + i) * T;
-      float* out = row.data() + h * n;
-      for (int s = 0; s < n; ++s) out[s] = static_cast<float>(prob_row[pos[s]] = static_cast<Scalar>(exps[s] * inv));
+      state->observe(row.data());
+      if (i >= shape_.prefill_len - 1) state->compress(nullptr);
     }
-    state->observe(row.data());
-    if (i >= shape_.prefill_len - 1) state->compress(nullptr);
-  }
+    return block.to(logits.device());
+  };
+  auto out = causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0, block_probs);
   stats_.kept_per_layer[layer] = state->size();
   stats_.max_per_layer[layer] = max_slots;
   stats_.visible_per_layer[layer] = visible;
-  return probs;
+  return out;
 }
 
 // ---------------------------------------------------------------------------------
@@ -195,6 +243,14 @@ CacheAttention::CacheAttention(const Model& model, const Policy& policy, Sequenc
 
 int64_t CacheAttention::cached_tokens(int layer) const {
   return layers_[layer].size;
+}
+
+int64_t CacheAttention::held_bytes() const {
+  int64_t bytes = 0;
+  for (const LayerCache& cache : layers_)
+    for (const torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer})
+      if (buffer->defined()) bytes += static_cast<int64_t>(buffer->nbytes());
+  return bytes;
 }
 
 // Keeps the slots in `keep` (per KV head, in slot order). Attention does not care
@@ -235,10 +291,11 @@ void CacheAttention::evict(LayerCache& cache, const std::vector<std::vector<int>
     }
   }
   cache.size = kept;
-  if (capacity > 4 * (kept + 1)) {
-    // After a prefill compression memory follows the budget, not the prompt.
+  if (capacity > kept + 1 + std::max<int64_t>(16, kept / 8)) {
+    // Memory follows the budget, not the prompt (or the doubling that filled the cache):
+    // the kept rows plus the next token's, which the following eviction frees again.
     for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
-      auto smaller = torch::empty({n_kv, std::max<int64_t>(2 * kept, 16), d}, buffer->options());
+      auto smaller = torch::empty({n_kv, kept + 1, d}, buffer->options());
       smaller.narrow(1, 0, kept).copy_(buffer->narrow(1, 0, kept));
       *buffer = smaller;
     }
@@ -279,63 +336,79 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
   const int64_t n = cache.size, n_prev = n - t;
   auto keys = cache.key_buffer.narrow(1, 0, n), values = cache.value_buffer.narrow(1, 0, n);
 
-  auto logits = attention_logits(q, keys).view({n_kv, g, t, n});
-  if (sliding_window_ == 0) stats_.visible_per_layer[layer] = static_cast<int>(n);
-  torch::Tensor window_hidden;  // [Hkv, 1, t, n] on the CPU, when the model has a window
-  if (sliding_window_ > 0) {
-    window_hidden = window_mask(cache, start, t, layer);
-    logits = logits.masked_fill(window_hidden.to(q.device()), -std::numeric_limits<double>::infinity());
-  } else if (t > 1) {
-    // Row r of the block sees the old slots and new tokens up to itself.
-    auto causal = torch::ones({t, n}, torch::kBool).triu(n_prev + 1).to(q.device());
-    logits = logits.masked_fill(causal, -std::numeric_limits<double>::infinity());
+  // The policy observes each new query's attention over the slots in its own (position)
+  // order; the cache rows are unordered.
+  torch::Tensor norms;  // [t, Hkv] key norms of the new tokens
+  if (evicting) {
+    norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();
+    if (cache.rows.empty()) cache.rows.assign(n_kv, {});
   }
-  if (evicting && t == 1 && cache.state->size() > 0) {
-    // A static sparse pattern keeps keys cached that this query must not attend.
-    torch::Tensor hidden;
-    std::vector<char> visible;
-    for (int64_t h = 0; h < n_kv; ++h) {
-      if (!cache.state->visible_slots(static_cast<int>(h), static_cast<int>(start), &visible)) continue;
-      if (!hidden.defined()) hidden = torch::zeros({n_kv, 1, 1, n}, torch::kBool);
-      auto flags = hidden.accessor<bool, 4>();
-      for (size_t s = 0; s < visible.size(); ++s)
-        if (!visible[s]) flags[h][0][0][cache.rows[h][s]] = true;
+  // probs [Hq, rows, cols] of the new queries r0 .. r0+rows-1.
+  auto observe_rows = [&](const torch::Tensor& probs, int64_t r0, int64_t rows) {
+    auto probs_cpu = probs.to(torch::kCPU, torch::kFloat32).contiguous();
+    const int64_t cols = probs_cpu.size(-1);
+    const float* P = probs_cpu.data_ptr<float>();
+    const float* key_norms = norms.data_ptr<float>();
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      cache.state->append(static_cast<int>(start + r), key_norms + r * n_kv);
+      for (auto& slot_rows : cache.rows) slot_rows.push_back(static_cast<int>(n_prev + r));
+      const int64_t m = n_prev + r + 1;  // slots this row can see
+      row_buffer_.resize(static_cast<size_t>(hq) * m);
+      for (int64_t h = 0; h < hq; ++h) {
+        const float* prob_row = P + (h * rows + (r - r0)) * cols;
+        const std::vector<int>& slot_rows = cache.rows[h / g];
+        float* out = row_buffer_.data() + h * m;
+        for (int64_t s = 0; s < m; ++s) out[s] = prob_row[slot_rows[s]];
+      }
+      cache.state->observe(row_buffer_.data());
     }
-    if (hidden.defined()) {
-      logits = logits.masked_fill(hidden.to(q.device()), -std::numeric_limits<double>::infinity());
-      // What the query sees: neither hidden by its pattern nor by the model's window.
-      if (window_hidden.defined()) hidden = hidden.logical_or(window_hidden);
-      stats_.visible_per_layer[layer] = static_cast<int>((~hidden.select(2, 0)).sum(-1).max().item<int64_t>());
+  };
+  torch::Tensor out;
+  if (t > 1 && sliding_window_ == 0) {
+    // A block of several tokens (the prefill, or any block of a full cache) holds its
+    // rows in position order: blocked causal attention, no t x n buffer.
+    stats_.visible_per_layer[layer] = static_cast<int>(n);
+    out = causal_attention_blocks(q, keys, values, n_prev, [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
+      auto probs = masked_softmax(logits, n_kv, n_prev + r0, rows, 0);
+      if (evicting) observe_rows(probs, r0, rows);
+      return probs;
+    });
+  } else {
+    auto logits = attention_logits(q, keys).view({n_kv, g, t, n});
+    if (sliding_window_ == 0) stats_.visible_per_layer[layer] = static_cast<int>(n);
+    torch::Tensor window_hidden;  // [Hkv, 1, t, n] on the CPU, when the model has a window
+    if (sliding_window_ > 0) {
+      window_hidden = window_mask(cache, start, t, layer);
+      logits = logits.masked_fill(window_hidden.to(q.device()), -std::numeric_limits<double>::infinity());
     }
+    if (evicting && t == 1 && cache.state->size() > 0) {
+      // A static sparse pattern keeps keys cached that this query must not attend.
+      torch::Tensor hidden;
+      std::vector<char> visible;
+      for (int64_t h = 0; h < n_kv; ++h) {
+        if (!cache.state->visible_slots(static_cast<int>(h), static_cast<int>(start), &visible)) continue;
+        if (!hidden.defined()) hidden = torch::zeros({n_kv, 1, 1, n}, torch::kBool);
+        auto flags = hidden.accessor<bool, 4>();
+        for (size_t s = 0; s < visible.size(); ++s)
+          if (!visible[s]) flags[h][0][0][cache.rows[h][s]] = true;
+      }
+      if (hidden.defined()) {
+        logits = logits.masked_fill(hidden.to(q.device()), -std::numeric_limits<double>::infinity());
+        // What the query sees: neither hidden by its pattern nor by the model's window.
+        if (window_hidden.defined()) hidden = hidden.logical_or(window_hidden);
+        stats_.visible_per_layer[layer] = static_cast<int>((~hidden.select(2, 0)).sum(-1).max().item<int64_t>());
+      }
+    }
+    auto probs = torch::softmax(logits, -1);
+    out = weighted_values(probs.view({n_kv, g * t, n}), values, t, hq, q.scalar_type());
+    if (evicting) observe_rows(probs, 0, t);
   }
-  auto probs = torch::softmax(logits, -1);
-  auto out = weighted_values(probs.view({n_kv, g * t, n}), values, t, hq, q.scalar_type());
-
   if (n > stats_.max_per_layer[layer]) {
     // Peak bytes: the sum over layers of each layer's largest cache.
     stats_.peak_bytes += (n - stats_.max_per_layer[layer]) * 2 * n_kv * d * element_bytes(k.scalar_type());
     stats_.max_per_layer[layer] = static_cast<int>(n);
   }
   if (evicting) {
-    auto probs_cpu = probs.to(torch::kCPU, torch::kFloat32).contiguous();  // [Hkv, g, t, n]
-    auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [t, Hkv]
-    const float* P = probs_cpu.data_ptr<float>();
-    const float* key_norms = norms.data_ptr<float>();
-    if (cache.rows.empty()) cache.rows.assign(n_kv, {});
-    for (int64_t r = 0; r < t; ++r) {
-      cache.state->append(static_cast<int>(start + r), key_norms + r * n_kv);
-      for (auto& rows : cache.rows) rows.push_back(static_cast<int>(n_prev + r));
-      const int64_t m = n_prev + r + 1;  // slots this row can see
-      row_buffer_.resize(static_cast<size_t>(hq) * m);
-      for (int64_t h = 0; h < hq; ++h) {
-        // The policy sees slots in its own (position) order; the cache rows are unordered.
-        const float* prob_row = P + ((h * t) + r) * n;
-        const std::vector<int>& rows = cache.rows[h / g];
-        float* out = row_buffer_.data() + h * m;
-        for (int64_t s = 0; s < m; ++s) out[s] = prob_row[rows[s]];
-      }
-      cache.state->observe(row_buffer_.data());
-    }
     std::vector<std::vector<int>> keep;
     if (start + t - 1 >= shape_.prefill_len - 1 && cache.state->compress(&keep)) evict(cache, keep);
   }

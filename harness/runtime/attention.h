@@ -42,10 +42,10 @@ class SimAttention : public AttentionBackend {
   const KvStats& stats() const { return stats_; }
 
  private:
-  // The masked probabilities [Hq, T, T] of a realisable policy, in the logits' type.
+  // Attention output [T, Hq*d] under a realisable policy, Scalar the accumulation type.
   template <typename Scalar>
-  torch::Tensor simulate_realisable(int layer, const torch::Tensor& logits, int64_t hq, int64_t n_kv,
-                                    const torch::Tensor& k);
+  torch::Tensor simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v);
   const Model& model_;
   const Policy& policy_;
   SequenceShape shape_;
@@ -61,6 +61,8 @@ class CacheAttention : public AttentionBackend {
                        const torch::Tensor& v, int64_t start) override;
   const KvStats& stats() const { return stats_; }
   int64_t cached_tokens(int layer) const;
+  // Bytes of K/V memory the cache holds now (allocated rows, all layers).
+  int64_t held_bytes() const;
   // Wall time spent inside attend() (scores, softmax, values, policy, eviction).
   double attention_seconds() const { return attention_seconds_; }
 

@@ -54,14 +54,22 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
     logits = torch::cat(rows, 0);
     result.kv = attention.stats();
   }
-  auto logprobs = torch::log_softmax(logits.to(torch::kFloat64), -1);
   auto argmax = logits.argmax(-1).contiguous();
   const int64_t* best = argmax.data_ptr<int64_t>();
   result.argmax.assign(best, best + T);
-  auto acc = logprobs.accessor<double, 2>();
+  // Log-softmax in float64, a block of rows at a time: a float64 copy of all T x vocab
+  // logits would be the largest buffer of a long sequence.
   result.next_token_logprob.resize(T - 1);
-  for (int i = 0; i + 1 < T; ++i) result.next_token_logprob[i] = acc[i][tokens[i + 1]];
-  if (final_target >= 0) result.next_token_logprob.push_back(acc[T - 1][final_target]);
+  constexpr int kRowsPerBlock = 256;
+  for (int r0 = 0; r0 < T; r0 += kRowsPerBlock) {
+    const int rows = std::min(kRowsPerBlock, T - r0);
+    auto logprobs = torch::log_softmax(logits.narrow(0, r0, rows).to(torch::kFloat64), -1);
+    auto acc = logprobs.accessor<double, 2>();
+    for (int i = r0; i < r0 + rows; ++i) {
+      if (i + 1 < T) result.next_token_logprob[i] = acc[i - r0][tokens[i + 1]];
+      else if (final_target >= 0) result.next_token_logprob.push_back(acc[i - r0][final_target]);
+    }
+  }
   return result;
 }
 

@@ -1,0 +1,46 @@
+// The machine's limits, measured in the running process, for `kvevict bench`: GEMM
+// throughput on a model's own weight shapes, memory-read bandwidth, and peak RSS. A
+// phase is then reported as a fraction of its limit (issue 14).
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "harness/model/architecture.h"
+
+namespace kvevict {
+
+struct GemmPeak {
+  double mix_flops_per_s = 0;  // all the model's linear layers of one forward, as it runs them
+  double best_flops_per_s = 0;  // the fastest single weight shape
+  std::string best_shape;       // "[rows x out x in]"
+};
+
+// Times x [rows, in] @ W[out, in]^T for every distinct weight shape of `arch` (random
+// values, `dtype`), best of `repeat`.
+GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_t rows, int repeat);
+
+// Bytes per second of reading a buffer of `bytes` (far larger than the caches) with the
+// current ATen thread count, best of `repeat`.
+double measure_read_bandwidth(int64_t bytes, int repeat);
+
+// FLOPs of one forward over t tokens: the linear layers (2 per multiply-add) plus causal
+// attention (scores and weighted values over the t(t+1)/2 visible pairs per head).
+double forward_flops(const ArchSpec& arch, int64_t t);
+
+// Bytes of the weight matrices a one-token decode step reads (every layer's matrices,
+// the LM head and the vector weights; one embedding row), in `dtype`.
+double decode_weight_bytes(const ArchSpec& arch, torch::ScalarType dtype);
+
+// KV bytes one token occupies in every layer's cache together, in `dtype`.
+double kv_bytes_per_token(const ArchSpec& arch, torch::ScalarType dtype);
+
+// Peak resident set size of this process since the last reset_peak_rss(), in bytes
+// (Linux VmHWM; 0 where unavailable).
+int64_t peak_rss_bytes();
+void reset_peak_rss();
+// "1.23 0.98 0.75" from /proc/loadavg, so every number is printed with the load it ran under.
+std::string load_average();
+
+}  // namespace kvevict
