@@ -5,6 +5,7 @@
 #include "harness/model/model.h"
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK
@@ -15,12 +16,7 @@ using namespace kvevict;
 
 namespace {
 
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return worst;
-}
+using test::max_diff;
 
 std::string error_of(const std::function<void()>& fn) {
   try {

@@ -7,6 +7,7 @@
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tasks/rouge.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK
@@ -17,12 +18,7 @@ using namespace kvevict;
 
 namespace {
 
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return worst;
-}
+using test::max_diff;
 
 const Model& stories64() {
   static auto model = [] {

@@ -31,18 +31,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Best of `repeat` runs of fn, in seconds.
-template <typename Fn>
-double best_time(int repeat, Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < std::max(1, repeat); ++r) {
-    auto t0 = Clock::now();
-    fn();
-    best = std::min(best, seconds_since(t0));
-  }
-  return best;
-}
-
 std::vector<int> random_tokens(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> pick(3, vocab - 1);
@@ -127,7 +115,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     auto seq = random_tokens(memory_tokens, static_cast<int>(arch.vocab), 3);
     auto policy = policy_with_budget(decode_policy);
     reset_peak_rss();
-    const double s = best_time(1, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    const double s = best_seconds(1, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
     std::cout << "memory sim_forward " << decode_policy << " budget " << budget << " T=" << memory_tokens
               << " seconds " << s << " peak_rss_MiB " << mib(peak_rss_bytes()) << " weights_MiB "
               << mib(decode_weight_bytes(arch, model->dtype())) << " load_average " << load_average() << std::endl;
@@ -159,7 +147,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
               << peak.mix_flops_per_s / 1e9 << " best_shape " << peak.best_flops_per_s / 1e9 << " " << peak.best_shape
               << " load_average " << load_average() << std::endl;
     auto seq = random_tokens(T, static_cast<int>(arch.vocab), 7);
-    const double fwd = best_time(repeat, [&] {
+    const double fwd = best_seconds(repeat, [&] {
       FullAttention attention;
       m.forward(seq, 0, attention);
     });
@@ -188,12 +176,12 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
     auto tokens = random_tokens(T, static_cast<int>(arch.vocab), 1);
     seq.assign(tokens.begin(), tokens.end());
   }
-  const double full_sim = best_time(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
+  const double full_sim = best_seconds(repeat, [&] { score_sequence(*model, *full, Mode::Sim, seq); });
   std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim
             << " load_average " << load_average() << std::endl;
   for (const auto& name : policies) {
     auto policy = policy_with_budget(name);
-    const double s = best_time(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
+    const double s = best_seconds(repeat, [&] { score_sequence(*model, *policy, Mode::Sim, seq); });
     std::cout << "sim_forward " << name << " budget " << budget << " seconds " << s << " ratio_to_full "
               << s / full_sim << " load_average " << load_average() << std::endl;
   }
@@ -241,8 +229,8 @@ int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const 
       ids = 0;
       for (const auto& text : texts) ids += tokenizer->encode(text).size();
     };
-    const double cold = best_time(1, encode_all);
-    const double warm = best_time(args.repeat, encode_all);
+    const double cold = best_seconds(1, encode_all);
+    const double warm = best_seconds(args.repeat, encode_all);
     std::cout << "tokenizer " << name << " ids " << ids << " cold_seconds " << cold << " cold_MB_per_s "
               << bytes / cold / 1e6 << " cold_texts_per_s " << texts.size() / cold << " warm_MB_per_s "
               << bytes / warm / 1e6 << " warm_texts_per_s " << texts.size() / warm << "\n";
@@ -268,12 +256,12 @@ int run_bench(const BenchArgs& args, const std::string& data_dir) {
   GenerateOptions gen;
   gen.max_new_tokens = args.new_tokens;
   int generated = 0;
-  const double gen_s = best_time(args.repeat, [&] {
+  const double gen_s = best_seconds(args.repeat, [&] {
     generated = static_cast<int>(generate(*model, *full, prompt, gen).tokens.size());
   });
   const int T = std::min<int>(args.tokens, static_cast<int>(model->arch().max_positions));
   auto seq = random_tokens(T, vocab, 7);
-  const double fwd_s = best_time(args.repeat, [&] {
+  const double fwd_s = best_seconds(args.repeat, [&] {
     FullAttention attention;
     model->forward(seq, 0, attention);
   });

@@ -12,19 +12,6 @@
 namespace kvevict {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-template <typename Fn>
-double best_seconds(int repeat, Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < std::max(1, repeat); ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
-
 bool is_matrix_role(Role role) { return role != Role::Embed && role != Role::PositionEmbed; }
 
 // (out, in) -> how many times one forward multiplies by a weight of that shape.

@@ -4,12 +4,26 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "harness/model/architecture.h"
 
 namespace kvevict {
+
+// The best of `repeat` runs of fn (at least one), in seconds.
+template <typename Fn>
+double best_seconds(int repeat, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < std::max(1, repeat); ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
 
 struct GemmPeak {
   double mix_flops_per_s = 0;  // all the model's linear layers of one forward, as it runs them
