@@ -43,7 +43,7 @@ std::vector<JsonLine> read_jsonl(const std::string& path) {
     JsonLine row{path, line, {}};
     try {
       row.value = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
       row.fail(std::string("malformed JSON: ") + e.what());
     }
     if (!row.value.is_object()) row.fail("expected a JSON object");

@@ -50,7 +50,7 @@ nlohmann::json read_json_array(const std::string& path) {
   nlohmann::json items;
   try {
     items = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
     throw Error(path + ": malformed JSON: " + e.what());
   }
   if (!items.is_array()) throw Error(path + ": expected a JSON array of MathQA items");

@@ -471,6 +471,12 @@ TEST_CASE("bad data files give errors naming the file and line", "[tasks][errors
     CHECK(message.find(dir + "/copa/val.jsonl:3") != std::string::npos);
     CHECK(message.find("malformed JSON") != std::string::npos);
   }
+  SECTION("a number too large for a double (found by the task_jsonl fuzzer: was an uncaught out_of_range)") {
+    write_file(dir + "/copa/val.jsonl", std::string(kCopaLine) + "\n1111111e01110\n");
+    const std::string message = error_of([&] { make_task("copa")->multiple_choice_docs(options); });
+    CHECK(message.find(dir + "/copa/val.jsonl:2") != std::string::npos);
+    CHECK(message.find("malformed JSON") != std::string::npos);
+  }
   SECTION("COPA label out of range") {
     std::string line = kCopaLine;
     line.replace(line.find("\"label\": 1"), 10, "\"label\": 2");
