@@ -1,27 +1,21 @@
 #include "policies/option_checks.h"
 
 #include <cmath>
-#include <cstdio>
 #include <string>
 
 #include "harness/common/errors.h"
+#include "harness/common/text.h"
 
 namespace kvevict {
 namespace {
-
-std::string number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  return text;
-}
 
 // -1 is "not given"; anything else must be a finite number in [low, high] (NaN fails).
 void check_optional_fraction(const char* flag, double value, double low, bool low_open, double high) {
   if (value == -1) return;
   const bool above_low = low_open ? value > low : value >= low;
   if (!(above_low && value <= high))
-    throw Error(std::string(flag) + " " + number(value) + " is outside " + (low_open ? "(" : "[") +
-                number(low) + ", " + number(high) + "]");
+    throw Error(std::string(flag) + " " + short_number(value) + " is outside " + (low_open ? "(" : "[") +
+                short_number(low) + ", " + short_number(high) + "]");
 }
 
 void check_at_least(const char* flag, long long value, long long low) {

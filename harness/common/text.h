@@ -1,6 +1,7 @@
 // Small string helpers that several libraries need.
 #pragma once
 #include <chrono>
+#include <cstdio>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -26,6 +27,13 @@ std::string shape_string(const Shape& shape) {
 // Text made safe as one file name: [A-Za-z0-9._-] kept, anything else '_'; never hidden
 // (no leading dot), never empty.
 std::string file_name_part(const std::string& text);
+
+// A number as short as "%g" writes it (0.5, 1e-06, 32000): limits in error messages.
+inline std::string short_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -9,12 +9,7 @@ namespace kvevict {
 ArchSpec describe_gpt_neox(const nlohmann::json& c, const std::string& path, const HasTensor&) {
   ArchSpec a;
   a.model_type = "gpt_neox";
-  a.hidden = config_int(c, path, "hidden_size", 1, kMaxHidden);
-  a.n_layers = config_int(c, path, "num_hidden_layers", 1, kMaxLayers);
-  a.n_heads = config_int(c, path, "num_attention_heads", 1, kMaxHeads);
-  check_head_split(path, a.hidden, a.n_heads);
-  a.n_kv_heads = a.n_heads;
-  a.head_dim = a.hidden / a.n_heads;
+  read_mha_shape(a, c, path);
   a.intermediate = config_int(c, path, "intermediate_size", 1, kMaxIntermediate);
   a.vocab = config_int(c, path, "vocab_size", 1, kMaxVocab);
   a.max_positions = config_int_or(c, path, "max_position_embeddings", 2048, 1, kMaxPositions);

@@ -17,12 +17,7 @@ static Activation parse_activation(const std::string& name, const std::string& p
 ArchSpec describe_opt(const nlohmann::json& c, const std::string& path, const HasTensor& has) {
   ArchSpec a;
   a.model_type = "opt";
-  a.hidden = config_int(c, path, "hidden_size", 1, kMaxHidden);
-  a.n_layers = config_int(c, path, "num_hidden_layers", 1, kMaxLayers);
-  a.n_heads = config_int(c, path, "num_attention_heads", 1, kMaxHeads);
-  check_head_split(path, a.hidden, a.n_heads);
-  a.n_kv_heads = a.n_heads;
-  a.head_dim = a.hidden / a.n_heads;
+  read_mha_shape(a, c, path);
   a.intermediate = config_int(c, path, "ffn_dim", 1, kMaxIntermediate);
   a.vocab = config_int(c, path, "vocab_size", 1, kMaxVocab);
   a.max_positions = config_int(c, path, "max_position_embeddings", 1, kMaxPositions);

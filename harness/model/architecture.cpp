@@ -1,19 +1,11 @@
 #include "harness/model/architecture.h"
 
 #include <cmath>
-#include <cstdio>
 
 #include "harness/common/errors.h"
+#include "harness/common/text.h"
 
 namespace kvevict {
-
-namespace {
-std::string format_bound(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%g", value);
-  return buffer;
-}
-}  // namespace
 
 namespace {
 
@@ -55,7 +47,7 @@ double config_double_or(const nlohmann::json& config, const std::string& path, c
   const double value = config[key].get<double>();
   if (!std::isfinite(value) || value < min || value > max)
     throw Error(path + ": key \"" + key + "\" is " + config[key].dump() + ", outside [" +
-                format_bound(min) + ", " + format_bound(max) + "]");
+                short_number(min) + ", " + short_number(max) + "]");
   return value;
 }
 
@@ -87,10 +79,15 @@ int config_token_id_or(const nlohmann::json& config, const std::string& path, co
   return static_cast<int>(config_int_or(config, path, key, fallback, 0, vocab - 1));
 }
 
-void check_head_split(const std::string& path, int64_t hidden, int64_t heads) {
-  if (hidden % heads != 0)
-    throw Error(path + ": hidden_size " + std::to_string(hidden) +
-                " is not divisible by num_attention_heads " + std::to_string(heads));
+void read_mha_shape(ArchSpec& a, const nlohmann::json& config, const std::string& path) {
+  a.hidden = config_int(config, path, "hidden_size", 1, kMaxHidden);
+  a.n_layers = config_int(config, path, "num_hidden_layers", 1, kMaxLayers);
+  a.n_heads = config_int(config, path, "num_attention_heads", 1, kMaxHeads);
+  if (a.hidden % a.n_heads != 0)
+    throw Error(path + ": hidden_size " + std::to_string(a.hidden) +
+                " is not divisible by num_attention_heads " + std::to_string(a.n_heads));
+  a.n_kv_heads = a.n_heads;
+  a.head_dim = a.hidden / a.n_heads;
 }
 
 std::string checked_model_type(const nlohmann::json& config, const std::string& config_path) {

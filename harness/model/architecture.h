@@ -108,8 +108,9 @@ int config_token_id_or(const nlohmann::json& config, const std::string& path, co
 RopeScaling read_rope_scaling(const nlohmann::json& config, const std::string& path,
                               const std::vector<std::string>& allowed);
 
-// Architectures whose head width is hidden / heads (OPT, GPT-NeoX) need an exact split.
-void check_head_split(const std::string& path, int64_t hidden, int64_t heads);
+// The multi-head shape of OPT and GPT-NeoX: hidden_size, num_hidden_layers and
+// num_attention_heads, one KV head per query head, head width hidden / heads (an exact split).
+void read_mha_shape(ArchSpec& a, const nlohmann::json& config, const std::string& path);
 
 // Upper bounds for config.json sizes: far above any released model, low enough that
 // the tensor list and every shape product stay small and inside int64.
