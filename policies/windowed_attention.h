@@ -17,11 +17,22 @@ inline void record_window(HeadSlots& head, const float* attention, int window) {
   for (size_t s = 0; s < head.positions.size(); ++s) head.values[s * window + channel] = attention[s];
 }
 
-// Sum over the ring per slot.
+// Sum over the ring per slot, channel 0 first. Eight slots at a time: eight independent
+// sums instead of one serial chain of adds, each still in channel order (same rounding).
 inline void window_sum(const HeadSlots& head, int window, float* out) {
-  for (size_t s = 0; s < head.positions.size(); ++s) {
+  constexpr size_t kLanes = 8;
+  const size_t n = head.positions.size();
+  const float* values = head.values.data();
+  size_t s = 0;
+  for (; s + kLanes <= n; s += kLanes) {
+    float total[kLanes] = {};
+    for (int c = 0; c < window; ++c)
+      for (size_t k = 0; k < kLanes; ++k) total[k] += values[(s + k) * window + c];
+    std::copy(total, total + kLanes, out + s);
+  }
+  for (; s < n; ++s) {
     float total = 0;
-    for (int c = 0; c < window; ++c) total += head.values[s * window + c];
+    for (int c = 0; c < window; ++c) total += values[s * window + c];
     out[s] = total;
   }
 }

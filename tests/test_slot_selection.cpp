@@ -1,0 +1,155 @@
+// The fast paths of the policies' selection agree with the general ones: the scored
+// policies' single eviction with their top-k selection, and h2o-paper's drop-one with
+// its sort-based rule, on scores full of ties, on one thread and on several.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include <omp.h>
+
+#include "harness/model/threads.h"
+#include "policies/registry.h"
+#include "policies/slot_selection.h"
+
+using namespace kvevict;
+
+TEST_CASE("a single eviction picks the slot the general selection drops", "[policies][units][selection]") {
+  std::mt19937 rng(11);
+  int single = 0, general = 0;
+  std::vector<int> kept, scratch;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 40);
+    std::vector<int> positions;
+    for (int p = static_cast<int>(rng() % 3); static_cast<int>(positions.size()) < n; p += 1 + static_cast<int>(rng() % 3))
+      positions.push_back(p);
+    std::vector<float> scores(n);
+    for (float& s : scores) s = static_cast<float>(rng() % 4) * 0.25f;  // few values: many ties
+    if (trial % 7 == 0)
+      for (float& s : scores) s = std::ldexp(static_cast<float>(rng() % 1000), -10);
+    Budget budget;
+    budget.sink = static_cast<int>(rng() % 4);
+    budget.recent = static_cast<int>(rng() % 8);
+    budget.capacity = std::max(0, n - 1 - static_cast<int>(rng() % 3));  // mostly one to evict
+    INFO("trial " << trial << " n " << n << " capacity " << budget.capacity);
+    select_kept_slots(positions, scores.data(), budget, &kept, &scratch);
+    REQUIRE(std::is_sorted(kept.begin(), kept.end()));
+    const int evicted = single_evicted_slot(positions, scores.data(), budget);
+    if (evicted < 0) {
+      CHECK(static_cast<int>(kept.size()) != n - 1);
+      ++general;
+      continue;
+    }
+    ++single;
+    REQUIRE(static_cast<int>(kept.size()) == n - 1);
+    CHECK(std::find(kept.begin(), kept.end(), evicted) == kept.end());
+    // The evicted slot has the lowest score among the candidates, and is the oldest of equals.
+    int n_sink = 0;
+    while (n_sink < n && positions[n_sink] < budget.sink) ++n_sink;
+    const int candidates_end = n - std::min(budget.recent, n - n_sink);
+    CHECK(evicted >= n_sink);
+    CHECK(evicted < candidates_end);
+    for (int s = n_sink; s < candidates_end; ++s) {
+      CHECK(scores[s] >= scores[evicted]);
+      if (s != evicted && scores[s] == scores[evicted]) CHECK(s > evicted);
+    }
+  }
+  CHECK(single > 5000);
+  CHECK(general > 1000);
+}
+
+TEST_CASE("a NaN score leaves the decision to the general selection", "[policies][units][selection]") {
+  std::vector<int> positions = {0, 1, 2, 3, 4};
+  std::vector<float> scores = {1, std::numeric_limits<float>::quiet_NaN(), 2, 3, 4};
+  Budget budget;
+  budget.capacity = 4;
+  budget.recent = 1;
+  CHECK(single_evicted_slot(positions, scores.data(), budget) == -1);
+  scores[1] = 0.5f;
+  CHECK(single_evicted_slot(positions, scores.data(), budget) == 1);
+  scores[0] = 0.5f;  // equal scores: the older slot goes
+  CHECK(single_evicted_slot(positions, scores.data(), budget) == 0);
+}
+
+namespace {
+
+// h2o-paper's rule as first written (PROTOCOLS.md §1): a partial sort of the previous
+// heavy set for every row, one head after another.
+void h2o_paper_reference(int T, int n_q, int heavy, int recent, const float* logits, float* probs) {
+  std::vector<float> p(T), acc(T);
+  std::vector<char> keep(T);
+  std::vector<int> candidates;
+  for (int h = 0; h < n_q; ++h) {
+    const float* L = logits + static_cast<size_t>(h) * T * T;
+    float* P = probs + static_cast<size_t>(h) * T * T;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int i = 0; i < T; ++i) {
+      const float* row = L + static_cast<size_t>(i) * T;
+      std::fill(keep.begin(), keep.begin() + i + 1, 0);
+      if (i < heavy) {
+        std::fill(keep.begin(), keep.begin() + i + 1, 1);
+        row_softmax(row, i, nullptr, p.data());
+        for (int j = 0; j <= i; ++j) acc[j] += p[j];
+      } else if (heavy > 0) {
+        candidates.clear();
+        for (int j = 0; j < i; ++j)
+          if (acc[j] > 0) candidates.push_back(j);
+        const int k = std::min<int>(heavy - 1, candidates.size());
+        std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(),
+                          [&](int a, int b) { return acc[a] != acc[b] ? acc[a] > acc[b] : a < b; });
+        std::vector<char> heavy_mask(i + 1, 0);
+        for (int c = 0; c < k; ++c) heavy_mask[candidates[c]] = 1;
+        heavy_mask[i] = 1;
+        row_softmax(row, i, nullptr, p.data());
+        for (int j = 0; j <= i; ++j) {
+          acc[j] = heavy_mask[j] ? acc[j] + p[j] : 0.0f;
+          keep[j] = heavy_mask[j];
+        }
+      }
+      for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
+      row_softmax(row, i, keep.data(), P + static_cast<size_t>(i) * T);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("h2o-paper's drop-one and threaded heads agree bit for bit with its sort-based rule",
+          "[policies][units][selection]") {
+  const int T = 96, n_q = 5;
+  std::mt19937 rng(3);
+  std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
+  // Few distinct logits: equal accumulated scores happen and their tie-break decides.
+  for (size_t x = 0; x < logits.size(); ++x) logits[x] = static_cast<float>(rng() % 3);
+  for (int i = 0; i < T; ++i)
+    std::fill_n(logits.begin() + static_cast<size_t>(i) * T, T, 1.0f);  // head 0: all logits equal
+  // Head 1: the first rows attend only their own key (the others' probabilities underflow
+  // to 0), so every key's accumulated score is exactly 1 and only the tie-break chooses;
+  // the later rows attend uniformly, so which keys stayed shows in their probabilities.
+  for (int i = 0; i < T; ++i)
+    for (int j = 0; j < T; ++j)
+      logits[(static_cast<size_t>(T) + i) * T + j] = i >= 32 || i == j ? 0.0f : -200.0f;
+  SequenceShape shape;
+  shape.length = T;
+  shape.n_layers = 1;
+  shape.n_q_heads = shape.n_kv_heads = n_q;
+  const int threads_before = omp_get_max_threads();
+  for (double ratio : {0.1, 0.3, 0.6}) {
+    PolicyOptions options;
+    options.budget.ratio = ratio;
+    auto policy = make_policy("h2o-paper", options);
+    const Budget budget = policy->layer_budget(0, shape);
+    std::vector<float> expected(logits.size(), 0.0f);
+    h2o_paper_reference(T, n_q, budget.capacity - budget.recent, budget.recent, logits.data(), expected.data());
+    for (int threads : {1, 2}) {
+      set_thread_count(threads);
+      std::vector<float> probs(logits.size(), 0.0f);
+      policy->as_sim_only()->simulate_layer(0, shape, T, logits.data(), probs.data());
+      INFO("ratio " << ratio << " threads " << threads);
+      CHECK(probs == expected);
+    }
+  }
+  set_thread_count(threads_before);
+}
