@@ -189,20 +189,14 @@ class ScoredLayerState : public LayerState {
       }
       return true;
     }
-    scores_.resize(n);
-    for (size_t h = 0; h < heads_.size(); ++h) {
-      policy_.score(heads_[h], scores_.data());
-      // The steady state evicts one slot per step: a scan and an erase, not a sort and a copy.
-      const int evicted = single_evicted_slot(heads_[h].positions, scores_.data(), budget_);
-      if (evicted >= 0) {
-        erase_slot(heads_[h], evicted);
-        if (keep) (*keep)[h] = all_but(n, evicted);
-        continue;
-      }
-      select_kept_slots(heads_[h].positions, scores_.data(), budget_, &kept_, &candidates_);
-      gather(heads_[h], kept_);
-      if (keep) (*keep)[h] = kept_;
-    }
+    // Heads decide independently: with enough state per step (windowed scores) they
+    // share the threads, each with its own scratch.
+    const int n_heads = static_cast<int>(heads_.size());
+    scratch_.resize(n_heads);
+    constexpr long kParallelStateFloats = 16384;
+    const bool parallel = static_cast<long>(n) * channels_ * n_heads >= kParallelStateFloats;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int h = 0; h < n_heads; ++h) compress_head(heads_[h], scratch_[h], keep ? &(*keep)[h] : nullptr);
     return true;
   }
 
@@ -212,7 +206,28 @@ class ScoredLayerState : public LayerState {
   }
 
  private:
-  void erase_slot(HeadSlots& head, int slot) {
+  struct Scratch {
+    std::vector<float> scores;
+    std::vector<int> kept, candidates;
+  };
+
+  void compress_head(HeadSlots& head, Scratch& scratch, std::vector<int>* keep) const {
+    const int n = static_cast<int>(head.positions.size());
+    scratch.scores.resize(n);
+    policy_.score(head, scratch.scores.data());
+    // The steady state evicts one slot per step: a scan and an erase, not a sort and a copy.
+    const int evicted = single_evicted_slot(head.positions, scratch.scores.data(), budget_);
+    if (evicted >= 0) {
+      erase_slot(head, evicted);
+      if (keep) *keep = all_but(n, evicted);
+      return;
+    }
+    select_kept_slots(head.positions, scratch.scores.data(), budget_, &scratch.kept, &scratch.candidates);
+    gather(head, scratch.kept);
+    if (keep) *keep = scratch.kept;
+  }
+
+  void erase_slot(HeadSlots& head, int slot) const {
     head.positions.erase(head.positions.begin() + slot);
     const auto first = head.values.begin() + static_cast<ptrdiff_t>(slot) * channels_;
     head.values.erase(first, first + channels_);
@@ -226,7 +241,7 @@ class ScoredLayerState : public LayerState {
     return kept;
   }
 
-  void gather(HeadSlots& head, const std::vector<int>& kept) {
+  void gather(HeadSlots& head, const std::vector<int>& kept) const {
     std::vector<int> positions(kept.size());
     std::vector<float> values(kept.size() * channels_);
     for (size_t i = 0; i < kept.size(); ++i) {
@@ -246,6 +261,7 @@ class ScoredLayerState : public LayerState {
   std::vector<HeadSlots> heads_;
   std::vector<float> aggregated_, scores_, head_scores_;
   std::vector<int> kept_, candidates_;
+  std::vector<Scratch> scratch_;  // per head
 };
 
 }  // namespace

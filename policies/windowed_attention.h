@@ -17,24 +17,56 @@ inline void record_window(HeadSlots& head, const float* attention, int window) {
   for (size_t s = 0; s < head.positions.size(); ++s) head.values[s * window + channel] = attention[s];
 }
 
-// Sum over the ring per slot, channel 0 first. Eight slots at a time: eight independent
-// sums instead of one serial chain of adds, each still in channel order (same rounding).
-inline void window_sum(const HeadSlots& head, int window, float* out) {
+// out[s] = (channel `start_channel` of slot s, or 0 when it is negative) + channels
+// first .. last-1, added in channel order. Eight slots at a time: eight independent sums
+// instead of one serial chain of adds, each with the rounding of the plain loop.
+inline void add_channels(const float* values, size_t n, int stride, int start_channel, int first, int last,
+                         float* out) {
   constexpr size_t kLanes = 8;
-  const size_t n = head.positions.size();
-  const float* values = head.values.data();
+  auto start = [&](size_t s) { return start_channel < 0 ? 0.0f : values[s * stride + start_channel]; };
   size_t s = 0;
   for (; s + kLanes <= n; s += kLanes) {
-    float total[kLanes] = {};
-    for (int c = 0; c < window; ++c)
-      for (size_t k = 0; k < kLanes; ++k) total[k] += values[(s + k) * window + c];
+    float total[kLanes];
+    for (size_t k = 0; k < kLanes; ++k) total[k] = start(s + k);
+    for (int c = first; c < last; ++c)
+      for (size_t k = 0; k < kLanes; ++k) total[k] += values[(s + k) * stride + c];
     std::copy(total, total + kLanes, out + s);
   }
   for (; s < n; ++s) {
-    float total = 0;
-    for (int c = 0; c < window; ++c) total += values[s * window + c];
+    float total = start(s);
+    for (int c = first; c < last; ++c) total += values[s * stride + c];
     out[s] = total;
   }
+}
+
+// Sum over the ring per slot, channel 0 first.
+inline void window_sum(const HeadSlots& head, int window, float* out) {
+  add_channels(head.values.data(), head.positions.size(), window, -1, 0, window, out);
+}
+
+// The same ring with one more channel per slot (window + 1 in all): the running sum of
+// the ring's channels 0 .. c, c being the channel written last. Channels 0 .. c-1 do not
+// change until the ring wraps, so that sum is the plain sum's own partial sum, and a
+// score adds only channels c+1 .. window-1: half the adds, the same result bit for bit.
+inline int running_window_channels(int window) { return window + 1; }
+
+inline void record_running_window(HeadSlots& head, const float* attention, int window) {
+  const int stride = window + 1, channel = head.steps % window;
+  for (size_t s = 0; s < head.positions.size(); ++s) {
+    float* slot = head.values.data() + s * stride;
+    slot[channel] = attention[s];
+    slot[window] = (channel == 0 ? 0.0f : slot[window]) + slot[channel];
+  }
+}
+
+inline void running_window_sum(const HeadSlots& head, int window, float* out) {
+  const size_t n = head.positions.size();
+  if (head.steps == 0) {  // nothing recorded yet: the plain sum (of zeros)
+    add_channels(head.values.data(), n, window + 1, -1, 0, window, out);
+    return;
+  }
+  const int last_written = (head.steps - 1) % window;
+  add_channels(head.values.data(), n, window + 1, window, last_written + 1, window, out);
 }
 
 // 1-D pooling along the slots with stride 1 and "same" zero padding, like

@@ -1,6 +1,6 @@
-// The fast paths of the policies' selection agree with the general ones: the scored
-// policies' single eviction with their top-k selection, and h2o-paper's drop-one with
-// its sort-based rule, on scores full of ties, on one thread and on several.
+// The fast paths of the policies agree with the general ones: the scored policies'
+// single eviction with their top-k selection, h2o-paper's drop-one with its sort-based
+// rule (on one thread and on several), the windowed scores with the plain channel sum.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "harness/model/threads.h"
 #include "policies/registry.h"
 #include "policies/slot_selection.h"
+#include "policies/windowed_attention.h"
 
 using namespace kvevict;
 
@@ -152,4 +153,48 @@ TEST_CASE("h2o-paper's drop-one and threaded heads agree bit for bit with its so
     }
   }
   set_thread_count(threads_before);
+}
+
+TEST_CASE("windowed scores: the running sum and the eight-lane sum equal the plain loop bit for bit",
+          "[policies][units][selection]") {
+  std::mt19937 rng(17);
+  for (int window : {1, 2, 5, 32}) {
+    HeadSlots plain, running;
+    const int running_channels = running_window_channels(window);
+    std::vector<float> attention, expected, got_plain, got_running;
+    for (int step = 0; step < 300; ++step) {
+      for (HeadSlots* head : {&plain, &running}) head->positions.push_back(step);
+      plain.values.resize(plain.values.size() + window, 0.0f);
+      running.values.resize(running.values.size() + running_channels, 0.0f);
+      const size_t n = plain.positions.size();
+      attention.resize(n);
+      // Magnitudes over many binades: the order of the adds shows in the last bits.
+      for (float& a : attention) a = std::ldexp(static_cast<float>(1 + rng() % 100000), -static_cast<int>(rng() % 40));
+      record_window(plain, attention.data(), window);
+      record_running_window(running, attention.data(), window);
+      plain.steps++;
+      running.steps++;
+      expected.assign(n, 0.0f);
+      for (size_t s = 0; s < n; ++s) {
+        float total = 0;
+        for (int c = 0; c < window; ++c) total += plain.values[s * window + c];
+        expected[s] = total;
+      }
+      got_plain.assign(n, -1.0f);
+      got_running.assign(n, -1.0f);
+      window_sum(plain, window, got_plain.data());
+      running_window_sum(running, window, got_running.data());
+      INFO("window " << window << " step " << step);
+      REQUIRE(got_plain == expected);
+      REQUIRE(got_running == expected);
+      if (n > 20 || rng() % 3 == 0) {  // evict a slot, as a compression step does
+        const size_t slot = rng() % n;
+        plain.positions.erase(plain.positions.begin() + slot);
+        running.positions.erase(running.positions.begin() + slot);
+        plain.values.erase(plain.values.begin() + slot * window, plain.values.begin() + (slot + 1) * window);
+        running.values.erase(running.values.begin() + slot * running_channels,
+                             running.values.begin() + (slot + 1) * running_channels);
+      }
+    }
+  }
 }
