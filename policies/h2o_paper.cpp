@@ -35,18 +35,28 @@ class H2OPaperPolicy : public SimOnlyPolicy {
   }
 
  private:
+  // One head. Each row's unmasked softmax (its max m and exponentials e_j = exp(l_j - m))
+  // is computed once: it is the output of the rows before the heavy budget fills, and
+  // when the kept keys hold the row's max their masked softmax reuses the same e_j.
+  // Every value is the one row_softmax computes, in the same order.
   static void simulate_head(int T, int heavy, int recent, const float* L, float* P) {
-    std::vector<float> p(T), acc(T, 0.0f);
+    std::vector<float> e(T), acc(T, 0.0f);
     std::vector<char> keep(T), heavy_mask(T);
     std::vector<int> candidates;
     for (int i = 0; i < T; ++i) {
       const float* row = L + static_cast<size_t>(i) * T;
-      std::fill(keep.begin(), keep.begin() + i + 1, 0);
-      if (i < heavy) {
-        std::fill(keep.begin(), keep.begin() + i + 1, 1);
-        row_softmax(row, i, nullptr, p.data());
-        for (int j = 0; j <= i; ++j) acc[j] += p[j];  // rows < hb, keys < hb
-      } else if (heavy > 0) {
+      float* out = P + static_cast<size_t>(i) * T;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j <= i; ++j) m = std::max(m, row[j]);
+      float sum = 0;
+      for (int j = 0; j <= i; ++j) sum += (e[j] = std::exp(row[j] - m));
+      if (i < heavy || heavy <= 0) {
+        // Rows < hb see every earlier key (acc: rows < hb, keys < hb); with no heavy
+        // hitters a row sees its recent band only.
+        std::fill(keep.begin(), keep.begin() + i + 1, i < heavy ? 1 : 0);
+        if (i < heavy)
+          for (int j = 0; j <= i; ++j) acc[j] += e[j] / sum;
+      } else {
         // Keys with positive acc are the previous row's heavy set plus its own key.
         candidates.clear();
         for (int j = 0; j < i; ++j)
@@ -54,15 +64,24 @@ class H2OPaperPolicy : public SimOnlyPolicy {
         std::fill(heavy_mask.begin(), heavy_mask.begin() + i + 1, 0);
         mark_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc, heavy_mask);
         heavy_mask[i] = 1;
-        row_softmax(row, i, nullptr, p.data());
         for (int j = 0; j <= i; ++j) {
-          acc[j] = heavy_mask[j] ? acc[j] + p[j] : 0.0f;
+          acc[j] = heavy_mask[j] ? acc[j] + e[j] / sum : 0.0f;
           keep[j] = heavy_mask[j];
         }
         for (int j = i + 1; j < T; ++j) acc[j] = 0.0f;
       }
       for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
-      row_softmax(row, i, keep.data(), P + static_cast<size_t>(i) * T);
+      // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
+      float kept_max = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j <= i; ++j)
+        if (keep[j]) kept_max = std::max(kept_max, row[j]);
+      float kept_sum = 0;
+      if (kept_max == m) {
+        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
+      } else {
+        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
+      }
+      for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
     }
   }
 

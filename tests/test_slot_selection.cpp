@@ -132,6 +132,15 @@ TEST_CASE("h2o-paper's drop-one and threaded heads agree bit for bit with its so
   for (int i = 0; i < T; ++i)
     for (int j = 0; j < T; ++j)
       logits[(static_cast<size_t>(T) + i) * T + j] = i >= 32 || i == j ? 0.0f : -200.0f;
+  // Heads 2 and 3: continuous logits, so a row's maximum is often not among the kept
+  // keys; head 3 also hides the keys older than a window of 10, as a model's sliding
+  // window does before the policy sees the logits.
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  for (int h = 2; h <= 3; ++h)
+    for (int i = 0; i < T; ++i)
+      for (int j = 0; j < T; ++j)
+        logits[(static_cast<size_t>(h) * T + i) * T + j] =
+            h == 3 && j <= i - 10 ? -std::numeric_limits<float>::infinity() : uniform(rng);
   SequenceShape shape;
   shape.length = T;
   shape.n_layers = 1;
