@@ -46,8 +46,7 @@ class H2OPaperPolicy : public SimOnlyPolicy {
     for (int i = 0; i < T; ++i) {
       const float* row = L + static_cast<size_t>(i) * T;
       float* out = P + static_cast<size_t>(i) * T;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j <= i; ++j) m = std::max(m, row[j]);
+      const float m = row_max(row, i + 1, nullptr);
       float sum = 0;
       for (int j = 0; j <= i; ++j) sum += (e[j] = std::exp(row[j] - m));
       if (i < heavy || heavy <= 0) {
@@ -72,9 +71,7 @@ class H2OPaperPolicy : public SimOnlyPolicy {
       }
       for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
       // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
-      float kept_max = -std::numeric_limits<float>::infinity();
-      for (int j = 0; j <= i; ++j)
-        if (keep[j]) kept_max = std::max(kept_max, row[j]);
+      const float kept_max = row_max(row, i + 1, keep.data());
       float kept_sum = 0;
       if (kept_max == m) {
         for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
@@ -83,6 +80,25 @@ class H2OPaperPolicy : public SimOnlyPolicy {
       }
       for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
     }
+  }
+
+  // The largest of row[0..n) (only where keep is set, when given), -inf if none, as
+  // std::max from -inf computes it (NaN entries skipped), in eight independent lanes
+  // rather than one serial chain. Only the sign of a zero maximum may differ, which
+  // changes neither exp(l - m) nor a comparison.
+  static float row_max(const float* row, int n, const char* keep) {
+    constexpr int kLanes = 8;
+    float lanes[kLanes];
+    std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
+    int j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int k = 0; k < kLanes; ++k)
+        if (!keep || keep[j + k]) lanes[k] = std::max(lanes[k], row[j + k]);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int k = 0; k < kLanes; ++k) m = std::max(m, lanes[k]);
+    for (; j < n; ++j)
+      if (!keep || keep[j]) m = std::max(m, row[j]);
+    return m;
   }
 
   // Marks the k candidates with the highest acc (ties: the lower index). Only the set
