@@ -207,3 +207,24 @@ TEST_CASE("windowed scores: the running sum and the eight-lane sum equal the pla
     }
   }
 }
+
+TEST_CASE("key pooling without bounds checks in the interior equals the checked loop bit for bit",
+          "[policies][units][selection]") {
+  std::mt19937 rng(23);
+  for (int kernel : {1, 3, 5, 7})
+    for (bool use_max : {false, true})
+      for (int n = 0; n <= 20; ++n) {
+        std::vector<float> scores(n), expected(n);
+        for (float& s : scores) s = std::ldexp(static_cast<float>(1 + rng() % 100000), -static_cast<int>(rng() % 30));
+        const int half = kernel / 2;
+        for (int s = 0; s < n; ++s) {
+          float acc = use_max ? scores[s] : 0.0f;
+          for (int k = std::max(0, s - half); k <= std::min(n - 1, s + half); ++k)
+            acc = use_max ? std::max(acc, scores[k]) : acc + scores[k];
+          expected[s] = kernel <= 1 ? scores[s] : use_max ? acc : acc / kernel;
+        }
+        pool_keys(scores.data(), n, kernel, use_max);
+        INFO("kernel " << kernel << " max " << use_max << " n " << n);
+        CHECK(scores == expected);
+      }
+}

@@ -36,7 +36,7 @@ torch::ScalarType accumulation_type(torch::ScalarType compute) {
 torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys) {
   const auto acc = accumulation_type(q.scalar_type());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)) * scale;
+  return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
 }
 
 // probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
