@@ -88,13 +88,17 @@ class H2OPaperPolicy : public SimOnlyPolicy {
   // changes neither exp(l - m) nor a comparison.
   static float row_max(const float* row, int n, const char* keep) {
     constexpr int kLanes = 8;
-    float lanes[kLanes];
-    std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
+    constexpr float kNone = -std::numeric_limits<float>::infinity();
+    float lanes[kLanes] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
     int j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-      for (int k = 0; k < kLanes; ++k)
-        if (!keep || keep[j + k]) lanes[k] = std::max(lanes[k], row[j + k]);
-    float m = -std::numeric_limits<float>::infinity();
+    if (!keep) {
+      for (; j + kLanes <= n; j += kLanes)
+        for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], row[j + k]);
+    } else {
+      for (; j + kLanes <= n; j += kLanes)
+        for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], keep[j + k] ? row[j + k] : kNone);
+    }
+    float m = kNone;
     for (int k = 0; k < kLanes; ++k) m = std::max(m, lanes[k]);
     for (; j < n; ++j)
       if (!keep || keep[j]) m = std::max(m, row[j]);
