@@ -28,44 +28,103 @@ class H2OPaperPolicy : public SimOnlyPolicy {
                       float* probs) const override {
     const Budget budget = layer_budget(layer, shape);
     const int heavy = budget.capacity - budget.recent, recent = budget.recent;
-    std::vector<float> p(T), acc(T);
-    std::vector<char> keep(T);
+    // Heads are independent: they run on all threads, each head's arithmetic unchanged.
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < shape.n_q_heads; ++h)
+      simulate_head(T, heavy, recent, logits + static_cast<size_t>(h) * T * T, probs + static_cast<size_t>(h) * T * T);
+  }
+
+ private:
+  // One head. Each row's unmasked softmax (its max m and exponentials e_j = exp(l_j - m))
+  // is computed once: it is the output of the rows before the heavy budget fills, and
+  // when the kept keys hold the row's max their masked softmax reuses the same e_j.
+  // Every value is the one row_softmax computes, in the same order.
+  static void simulate_head(int T, int heavy, int recent, const float* L, float* P) {
+    std::vector<float> e(T), acc(T, 0.0f);
+    std::vector<char> keep(T), heavy_mask(T);
     std::vector<int> candidates;
-    for (int h = 0; h < shape.n_q_heads; ++h) {
-      const float* L = logits + static_cast<size_t>(h) * T * T;
-      float* P = probs + static_cast<size_t>(h) * T * T;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int i = 0; i < T; ++i) {
-        const float* row = L + static_cast<size_t>(i) * T;
-        std::fill(keep.begin(), keep.begin() + i + 1, 0);
-        if (i < heavy) {
-          std::fill(keep.begin(), keep.begin() + i + 1, 1);
-          row_softmax(row, i, nullptr, p.data());
-          for (int j = 0; j <= i; ++j) acc[j] += p[j];  // rows < hb, keys < hb
-        } else if (heavy > 0) {
-          // Keys with positive acc are the previous row's heavy set plus its own key.
-          candidates.clear();
-          for (int j = 0; j < i; ++j)
-            if (acc[j] > 0) candidates.push_back(j);
-          const int k = std::min<int>(heavy - 1, candidates.size());
-          std::partial_sort(candidates.begin(), candidates.begin() + k, candidates.end(),
-                            [&](int a, int b) { return acc[a] != acc[b] ? acc[a] > acc[b] : a < b; });
-          std::vector<char> heavy_mask(i + 1, 0);
-          for (int c = 0; c < k; ++c) heavy_mask[candidates[c]] = 1;
-          heavy_mask[i] = 1;
-          row_softmax(row, i, nullptr, p.data());
-          for (int j = 0; j <= i; ++j) {
-            acc[j] = heavy_mask[j] ? acc[j] + p[j] : 0.0f;
-            keep[j] = heavy_mask[j];
-          }
-          for (int j = i + 1; j < T; ++j) acc[j] = 0.0f;
+    for (int i = 0; i < T; ++i) {
+      const float* row = L + static_cast<size_t>(i) * T;
+      float* out = P + static_cast<size_t>(i) * T;
+      const float m = row_max(row, i + 1, nullptr);
+      float sum = 0;
+      for (int j = 0; j <= i; ++j) sum += (e[j] = std::exp(row[j] - m));
+      if (i < heavy || heavy <= 0) {
+        // Rows < hb see every earlier key (acc: rows < hb, keys < hb); with no heavy
+        // hitters a row sees its recent band only.
+        std::fill(keep.begin(), keep.begin() + i + 1, i < heavy ? 1 : 0);
+        if (i < heavy)
+          for (int j = 0; j <= i; ++j) acc[j] += e[j] / sum;
+      } else {
+        // Keys with positive acc are the previous row's heavy set plus its own key.
+        candidates.clear();
+        for (int j = 0; j < i; ++j)
+          if (acc[j] > 0) candidates.push_back(j);
+        std::fill(heavy_mask.begin(), heavy_mask.begin() + i + 1, 0);
+        mark_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc, heavy_mask);
+        heavy_mask[i] = 1;
+        for (int j = 0; j <= i; ++j) {
+          acc[j] = heavy_mask[j] ? acc[j] + e[j] / sum : 0.0f;
+          keep[j] = heavy_mask[j];
         }
-        for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
-        row_softmax(row, i, keep.data(), P + static_cast<size_t>(i) * T);
+        for (int j = i + 1; j < T; ++j) acc[j] = 0.0f;
       }
+      for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
+      // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
+      const float kept_max = row_max(row, i + 1, keep.data());
+      float kept_sum = 0;
+      if (kept_max == m) {
+        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
+      } else {
+        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
+      }
+      for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
     }
   }
 
+  // The largest of row[0..n) (only where keep is set, when given), -inf if none, as
+  // std::max from -inf computes it (NaN entries skipped), in eight independent lanes
+  // rather than one serial chain. Only the sign of a zero maximum may differ, which
+  // changes neither exp(l - m) nor a comparison.
+  static float row_max(const float* row, int n, const char* keep) {
+    constexpr int kLanes = 8;
+    constexpr float kNone = -std::numeric_limits<float>::infinity();
+    float lanes[kLanes] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
+    int j = 0;
+    if (!keep) {
+      for (; j + kLanes <= n; j += kLanes)
+        for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], row[j + k]);
+    } else {
+      for (; j + kLanes <= n; j += kLanes)
+        for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], keep[j + k] ? row[j + k] : kNone);
+    }
+    float m = kNone;
+    for (int k = 0; k < kLanes; ++k) m = std::max(m, lanes[k]);
+    for (; j < n; ++j)
+      if (!keep || keep[j]) m = std::max(m, row[j]);
+    return m;
+  }
+
+  // Marks the k candidates with the highest acc (ties: the lower index). Only the set
+  // matters, and the order is total, so no sort is needed; in the steady state all but
+  // one candidate stay, which is a scan for the one that goes (the lowest acc, the
+  // higher index among equals).
+  static void mark_top(std::vector<int>& candidates, int k, const std::vector<float>& acc,
+                       std::vector<char>& mask) {
+    const int n = static_cast<int>(candidates.size());
+    if (k == n - 1 && n > 0) {
+      int dropped = candidates[0];
+      for (int c : candidates)
+        if (acc[c] <= acc[dropped]) dropped = c;  // candidates ascend: the last of equals
+      for (int c : candidates) mask[c] = 1;
+      mask[dropped] = 0;
+      return;
+    }
+    if (k < n)
+      std::nth_element(candidates.begin(), candidates.begin() + k, candidates.end(),
+                       [&](int a, int b) { return acc[a] != acc[b] ? acc[a] > acc[b] : a < b; });
+    for (int c = 0; c < k; ++c) mask[candidates[c]] = 1;
+  }
 };
 
 }  // namespace

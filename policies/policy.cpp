@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "harness/common/errors.h"
+#include "policies/slot_selection.h"
 
 namespace kvevict {
 
@@ -172,25 +173,30 @@ class ScoredLayerState : public LayerState {
     if (policy_.shared_across_heads()) {
       // One decision per layer: average the heads' scores, select once.
       scores_.assign(n, 0.0f);
-      std::vector<float> head_scores(n);
+      head_scores_.resize(n);
       for (auto& head : heads_) {
-        policy_.score(head, head_scores.data());
-        for (int s = 0; s < n; ++s) scores_[s] += head_scores[s] / heads_.size();
+        policy_.score(head, head_scores_.data());
+        for (int s = 0; s < n; ++s) scores_[s] += head_scores_[s] / heads_.size();
       }
-      select(heads_[0], scores_, &kept_);
+      const int evicted = single_evicted_slot(heads_[0].positions, scores_.data(), budget_);
+      if (evicted < 0) select_kept_slots(heads_[0].positions, scores_.data(), budget_, &kept_, &candidates_);
       for (size_t h = 0; h < heads_.size(); ++h) {
-        gather(heads_[h], kept_);
-        if (keep) (*keep)[h] = kept_;
+        if (evicted >= 0)
+          erase_slot(heads_[h], evicted);
+        else
+          gather(heads_[h], kept_);
+        if (keep) (*keep)[h] = evicted >= 0 ? all_but(n, evicted) : kept_;
       }
       return true;
     }
-    scores_.resize(n);
-    for (size_t h = 0; h < heads_.size(); ++h) {
-      policy_.score(heads_[h], scores_.data());
-      select(heads_[h], scores_, &kept_);
-      gather(heads_[h], kept_);
-      if (keep) (*keep)[h] = kept_;
-    }
+    // Heads decide independently: with enough state per step (windowed scores) they
+    // share the threads, each with its own scratch.
+    const int n_heads = static_cast<int>(heads_.size());
+    scratch_.resize(n_heads);
+    constexpr long kParallelStateFloats = 16384;
+    const bool parallel = static_cast<long>(n) * channels_ * n_heads >= kParallelStateFloats;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int h = 0; h < n_heads; ++h) compress_head(heads_[h], scratch_[h], keep ? &(*keep)[h] : nullptr);
     return true;
   }
 
@@ -200,31 +206,42 @@ class ScoredLayerState : public LayerState {
   }
 
  private:
-  // Sinks and the recent window are always kept; the rest of the capacity goes to the
-  // best-scoring slots in between. Ties prefer the more recent token.
-  void select(const HeadSlots& head, const std::vector<float>& scores, std::vector<int>* kept) {
+  struct Scratch {
+    std::vector<float> scores;
+    std::vector<int> kept, candidates;
+  };
+
+  void compress_head(HeadSlots& head, Scratch& scratch, std::vector<int>* keep) const {
     const int n = static_cast<int>(head.positions.size());
-    int n_sink = 0;
-    while (n_sink < n && head.positions[n_sink] < budget_.sink) ++n_sink;
-    int n_recent = std::min(budget_.recent, n - n_sink);
-    int n_heavy = std::max(0, budget_.capacity - n_sink - n_recent);
-    kept->clear();
-    for (int s = 0; s < n_sink; ++s) kept->push_back(s);
-    candidates_.clear();
-    for (int s = n_sink; s < n - n_recent; ++s) candidates_.push_back(s);
-    n_heavy = std::min<int>(n_heavy, candidates_.size());
-    std::partial_sort(candidates_.begin(), candidates_.begin() + n_heavy, candidates_.end(),
-                      [&](int a, int b) {
-                        if (scores[a] != scores[b]) return scores[a] > scores[b];
-                        return a > b;
-                      });
-    candidates_.resize(n_heavy);
-    std::sort(candidates_.begin(), candidates_.end());
-    kept->insert(kept->end(), candidates_.begin(), candidates_.end());
-    for (int s = n - n_recent; s < n; ++s) kept->push_back(s);
+    scratch.scores.resize(n);
+    policy_.score(head, scratch.scores.data());
+    // The steady state evicts one slot per step: a scan and an erase, not a sort and a copy.
+    const int evicted = single_evicted_slot(head.positions, scratch.scores.data(), budget_);
+    if (evicted >= 0) {
+      erase_slot(head, evicted);
+      if (keep) *keep = all_but(n, evicted);
+      return;
+    }
+    select_kept_slots(head.positions, scratch.scores.data(), budget_, &scratch.kept, &scratch.candidates);
+    gather(head, scratch.kept);
+    if (keep) *keep = scratch.kept;
   }
 
-  void gather(HeadSlots& head, const std::vector<int>& kept) {
+  void erase_slot(HeadSlots& head, int slot) const {
+    head.positions.erase(head.positions.begin() + slot);
+    const auto first = head.values.begin() + static_cast<ptrdiff_t>(slot) * channels_;
+    head.values.erase(first, first + channels_);
+  }
+
+  static std::vector<int> all_but(int n, int slot) {
+    std::vector<int> kept;
+    kept.reserve(n - 1);
+    for (int s = 0; s < n; ++s)
+      if (s != slot) kept.push_back(s);
+    return kept;
+  }
+
+  void gather(HeadSlots& head, const std::vector<int>& kept) const {
     std::vector<int> positions(kept.size());
     std::vector<float> values(kept.size() * channels_);
     for (size_t i = 0; i < kept.size(); ++i) {
@@ -242,8 +259,9 @@ class ScoredLayerState : public LayerState {
   int channels_;
   bool use_max_;
   std::vector<HeadSlots> heads_;
-  std::vector<float> aggregated_, scores_;
+  std::vector<float> aggregated_, scores_, head_scores_;
   std::vector<int> kept_, candidates_;
+  std::vector<Scratch> scratch_;  // per head
 };
 
 }  // namespace

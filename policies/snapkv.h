@@ -17,12 +17,12 @@ class SnapKVPolicy : public ScoredPolicy {
   std::vector<const ParamSpec*> parameters() const override {
     return {&kGroupReduce, &kWindow, &kKernel, &kPooling};
   }
-  int channels() const override { return window_; }
+  int channels() const override { return running_window_channels(window_); }
   void on_observe(HeadSlots& head, const float* attention) const override {
-    record_window(head, attention, window_);
+    record_running_window(head, attention, window_);
   }
   void score(const HeadSlots& head, float* out) const override {
-    window_sum(head, window_, out);
+    running_window_sum(head, window_, out);
     pool_keys(out, static_cast<int>(head.positions.size()), kernel_, use_max_);
   }
 

@@ -36,7 +36,7 @@ torch::ScalarType accumulation_type(torch::ScalarType compute) {
 torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys) {
   const auto acc = accumulation_type(q.scalar_type());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)) * scale;
+  return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
 }
 
 // probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
@@ -176,7 +176,8 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   const float* key_norms = norms.data_ptr<float>();
   auto state = policy_.as_realisable()->make_layer_state(layer, shape_);
   std::vector<float> row;  // what the policy observes: [Hq][slots]
-  std::vector<double> exps(q.size(0));
+  std::vector<double> exps(static_cast<size_t>(hq) * q.size(0));  // [Hq][slots], per head: heads run in parallel
+  std::vector<int> seen_per_head(hq);
   std::vector<std::vector<char>> pattern(n_kv);  // static sparse patterns: slots this row attends
   std::vector<char> masked(n_kv);
   int max_slots = 0, visible = 0;
@@ -193,28 +194,38 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
       visible = 0;
       for (int64_t kv = 0; kv < n_kv; ++kv)
         masked[kv] = state->visible_slots(static_cast<int>(kv), static_cast<int>(i), &pattern[kv]);
-      for (int64_t h = 0; h < hq; ++h) {
-        const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
-        const char* vis = masked[h / g] ? pattern[h / g].data() : nullptr;
-        Scalar* logit_row = L + (h * rows + (i - r0)) * n;
-        double m = -std::numeric_limits<double>::infinity();
-        for (int s = 0; s < slots; ++s)
-          if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logit_row[pos[s]]);
-        double sum = 0;  // exponentials summed in double: no rounding noise of its own
-        int seen = 0;
-        for (int s = 0; s < slots; ++s) {
-          const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
-          exps[s] = attended ? std::exp(logit_row[pos[s]] - m) : 0.0;
-          sum += exps[s];
-          seen += attended;
+      // Each head's masked softmax is independent of the others': the heads share the
+      // threads (same arithmetic per head), the policy then observes them in order.
+      auto softmax_heads = [&](int64_t first_head, int64_t end_head) {
+        for (int64_t h = first_head; h < end_head; ++h) {
+          const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
+          const char* vis = masked[h / g] ? pattern[h / g].data() : nullptr;
+          Scalar* logit_row = L + (h * rows + (i - r0)) * n;
+          double* head_exps = exps.data() + h * q.size(0);
+          double m = -std::numeric_limits<double>::infinity();
+          for (int s = 0; s < slots; ++s)
+            if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logit_row[pos[s]]);
+          double sum = 0;  // exponentials summed in double: no rounding noise of its own
+          int seen = 0;
+          for (int s = 0; s < slots; ++s) {
+            const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
+            head_exps[s] = attended ? std::exp(logit_row[pos[s]] - m) : 0.0;
+            sum += head_exps[s];
+            seen += attended;
+          }
+          seen_per_head[h] = seen;
+          const double inv = 1.0 / sum;
+          // The row becomes its probabilities in place: zero but at the slots.
+          std::fill(logit_row, logit_row + n, Scalar(0));
+          float* out = row.data() + h * slots;
+          for (int s = 0; s < slots; ++s)
+            out[s] = static_cast<float>(logit_row[pos[s]] = static_cast<Scalar>(head_exps[s] * inv));
         }
-        visible = std::max(visible, seen);
-        const double inv = 1.0 / sum;
-        // The row becomes its probabilities in place: zero but at the slots.
-        std::fill(logit_row, logit_row + n, Scalar(0));
-        float* out = row.data() + h * slots;
-        for (int s = 0; s < slots; ++s) out[s] = static_cast<float>(logit_row[pos[s]] = static_cast<Scalar>(exps[s] * inv));
-      }
+      };
+      // Short rows stay on one thread: a parallel region costs more than they do.
+      constexpr int64_t kParallelRowScores = 1024;
+      at::parallel_for(0, hq, hq * slots >= kParallelRowScores ? 1 : hq, softmax_heads);
+      visible = *std::max_element(seen_per_head.begin(), seen_per_head.end());
       state->observe(row.data());
       if (i >= shape_.prefill_len - 1) state->compress(nullptr);
     }
