@@ -126,9 +126,10 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   std::map<int, double> bandwidth;
   for (int n : decode_threads) {
     set_thread_count(n);
-    bandwidth[n] = measure_read_bandwidth(static_cast<int64_t>(bandwidth_bytes), repeat + 2);
-    std::cout << "roofline read_bandwidth threads " << n << " GB_per_s " << bandwidth[n] / 1e9 << " load_average "
-              << load_average() << std::endl;
+    const ReadBandwidth read = measure_read_bandwidth(static_cast<int64_t>(bandwidth_bytes), std::max(10, repeat + 4));
+    bandwidth[n] = read.bytes_per_s;
+    std::cout << "roofline read_bandwidth threads " << n << " (reading: " << read.threads << ") GB_per_s "
+              << bandwidth[n] / 1e9 << " load_average " << load_average() << std::endl;
   }
   set_thread_count(threads);
 

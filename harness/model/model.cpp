@@ -9,6 +9,7 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/common/text.h"
+#include "harness/model/matvec.h"
 #include "harness/model/rope.h"
 #include "harness/model/threads.h"
 
@@ -20,11 +21,21 @@ const EnumName<torch::ScalarType> kDtypeNames[] = {
     {torch::kBFloat16, "bf16"},    {torch::kFloat16, "float16"}, {torch::kFloat16, "fp16"},
     {torch::kFloat64, "float64"},  {torch::kFloat64, "fp64"}};  // float64: reference checks
 
+// Weights from this size up stream from memory in a decode step; matvec() reads them at
+// the bandwidth. Smaller ones (every test model) keep the library paths and their
+// exact numbers: the bf16 greedy-agreement test pins a measured count that any change
+// of rounding moves, better or worse (matvec's bf16 is correctly rounded; oneDNN's not always).
+constexpr int64_t kMatvecMinWeightBytes = int64_t{1} << 20;
+
 // x [t, in] through weight [out, in] (+ bias). One row on the CPU is a matrix-vector
 // product: sgemm would pack the whole weight matrix for that single row (issue 14).
-// bf16/fp16 keep torch::linear, whose oneDNN path is the faster one there.
+// Large float32 and bfloat16 weights use matvec(); otherwise float32/float64 use
+// torch::mv, bfloat16/float16 torch::linear (oneDNN).
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
   const auto type = x.scalar_type();
+  if (x.dim() == 2 && x.size(0) == 1 && weight.nbytes() >= kMatvecMinWeightBytes &&
+      matvec_supported(weight, x[0], bias))
+    return matvec(weight, x[0], bias).unsqueeze(0);
   if (x.dim() == 2 && x.size(0) == 1 && x.device().is_cpu() && (type == torch::kFloat32 || type == torch::kFloat64)) {
     auto y = bias.defined() ? torch::addmv(bias, weight, x[0]) : torch::mv(weight, x[0]);
     return y.unsqueeze(0);

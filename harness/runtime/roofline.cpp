@@ -2,11 +2,16 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 namespace kvevict {
@@ -49,30 +54,78 @@ GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_
   return peak;
 }
 
-double measure_read_bandwidth(int64_t bytes, int repeat) {
-  const int64_t words = bytes / 8;
+namespace {
+
+// Sums words [begin, end) with eight independent accumulators, so a thread keeps many
+// cache-line loads in flight (one accumulator would make it latency-bound).
+uint64_t sum_words_portable(const uint64_t* data, int64_t begin, int64_t end) {
+  uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += data[i + k];
+  for (; i < end; ++i) acc[0] += data[i];
+  uint64_t sum = 0;
+  for (uint64_t a : acc) sum += a;
+  return sum;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The same with 256-bit loads, as the decode kernels read (harness/model/matvec.cpp).
+__attribute__((target("avx2"))) uint64_t sum_words_avx2(const uint64_t* data, int64_t begin, int64_t end) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = begin;
+  auto at = [data](int64_t j) { return reinterpret_cast<const __m256i*>(data + j); };
+  for (; i + 16 <= end; i += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(at(i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(at(i + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(at(i + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(at(i + 12)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + sum_words_portable(data, i, end);
+}
+#endif
+
+uint64_t sum_words(const uint64_t* data, int64_t begin, int64_t end) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return sum_words_avx2(data, begin, end);
+#endif
+  return sum_words_portable(data, begin, end);
+}
+
+}  // namespace
+
+ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat) {
+  const int64_t words = std::max<int64_t>(bytes / 8, 1);
   std::vector<uint64_t> buffer(static_cast<size_t>(words), 1);  // written: every page is real
   const uint64_t* data = buffer.data();
+  const int threads = at::get_num_threads();
+  ReadBandwidth result;
   uint64_t sink = 0;
-  const double s = best_seconds(std::max(repeat, 3), [&] {
-    std::vector<uint64_t> partial(static_cast<size_t>(at::get_num_threads()) + 1, 0);
-    at::parallel_for(0, words, 1 << 16, [&](int64_t begin, int64_t end) {
-      // Independent integer sums vectorise without reassociation concerns.
-      uint64_t a = 0, b = 0, c = 0, d = 0;
-      int64_t i = begin;
-      for (; i + 4 <= end; i += 4) {
-        a += data[i];
-        b += data[i + 1];
-        c += data[i + 2];
-        d += data[i + 3];
-      }
-      for (; i < end; ++i) a += data[i];
-      partial[static_cast<size_t>(at::get_thread_num())] += a + b + c + d;
+  double best = 1e30;
+  for (int r = 0; r < std::max(repeat, 3); ++r) {
+    std::vector<uint64_t> partial(static_cast<size_t>(threads), 0);
+    std::vector<char> took_part(static_cast<size_t>(threads), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    // One contiguous slice per thread: each thread streams its own part of the buffer.
+    at::parallel_for(0, words, (words + threads - 1) / threads, [&](int64_t begin, int64_t end) {
+      const auto thread = static_cast<size_t>(at::get_thread_num());
+      partial[thread] += sum_words(data, begin, end);
+      took_part[thread] = 1;
     });
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (uint64_t p : partial) sink += p;
-  });
-  if (sink == 42) return 0;  // keeps the sums alive
-  return static_cast<double>(words * 8) / s;
+    int used = 0;
+    for (char t : took_part) used += t;
+    result.threads = std::max(result.threads, used);
+  }
+  if (sink != static_cast<uint64_t>(words) * static_cast<uint64_t>(std::max(repeat, 3)))
+    throw std::logic_error("measure_read_bandwidth: the sum over the buffer is wrong");  // keeps the sums alive
+  result.bytes_per_s = static_cast<double>(words * 8) / best;
+  return result;
 }
 
 double forward_flops(const ArchSpec& arch, int64_t t) {

@@ -35,9 +35,15 @@ struct GemmPeak {
 // values, `dtype`), best of `repeat`.
 GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_t rows, int repeat);
 
-// Bytes per second of reading a buffer of `bytes` (far larger than the caches) with the
-// current ATen thread count, best of `repeat`.
-double measure_read_bandwidth(int64_t bytes, int repeat);
+struct ReadBandwidth {
+  double bytes_per_s = 0;
+  int threads = 0;  // how many threads read a slice (the ATen thread count, unless the pool fails)
+};
+
+// Bytes per second of reading a buffer of `bytes` (far larger than the caches): each of
+// the current ATen threads streams its own slice with several accumulators at once;
+// the best of `repeat` (at least 3) runs.
+ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat);
 
 // FLOPs of one forward over t tokens: the linear layers (2 per multiply-add) plus causal
 // attention (scores and weighted values over the t(t+1)/2 visible pairs per head).

@@ -1,0 +1,134 @@
+#include "harness/model/matvec.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "harness/common/errors.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVEVICT_MATVEC_AVX2 1
+#endif
+
+namespace kvevict {
+namespace {
+
+inline float widen(float value) { return value; }
+inline float widen(uint16_t bf16_bits) {  // bfloat16 is the top half of a float32
+  const uint32_t bits = static_cast<uint32_t>(bf16_bits) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// Any CPU: 8 partial sums, so the compiler can keep them in one vector register.
+template <typename W>
+float dot_portable(const W* w, const float* x, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += widen(w[i + k]) * x[i + k];
+  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) sum += widen(w[i]) * x[i];
+  return sum;
+}
+
+#ifdef KVEVICT_MATVEC_AVX2
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// One row is one sequential stream (what the hardware prefetcher follows best); four
+// accumulators hide the FMA latency. x stays in L1.
+template <typename W>
+__attribute__((target("avx2,fma"))) float dot_avx2(const W* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+  const __m256 acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  float sum = _mm_cvtss_f32(h);
+  for (; i < n; ++i) sum += widen(w[i]) * x[i];
+  return sum;
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+template <typename W>
+float dot(const W* w, const float* x, int64_t n) {
+#ifdef KVEVICT_MATVEC_AVX2
+  if (cpu_has_avx2_fma()) return dot_avx2(w, x, n);
+#endif
+  return dot_portable(w, x, n);
+}
+
+inline void store(float* y, float value) { *y = value; }
+inline void store(c10::BFloat16* y, float value) { *y = c10::BFloat16(value); }  // round to nearest even
+
+// W: float or uint16_t (bfloat16 bits); Out: float or c10::BFloat16.
+template <typename W, typename Out>
+void rows(const W* w, const float* x, const W* bias, Out* y, int64_t out, int64_t in) {
+  // A chunk of at least 128 KiB of weights: smaller ones cost more to hand to a thread
+  // than they take to read (a tiny model's rows then stay on one thread).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{128} << 10) / std::max<int64_t>(1, in * int64_t(sizeof(W))));
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float sum = dot(w + r * in, x, in);
+      if (bias) sum += widen(bias[r]);
+      store(y + r, sum);
+    }
+  });
+}
+
+}  // namespace
+
+bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias) {
+  const auto type = weight.scalar_type();
+  if (!weight.device().is_cpu() || !x.device().is_cpu() || weight.dim() != 2 || x.dim() != 1) return false;
+  if ((type != torch::kFloat32 && type != torch::kBFloat16) || x.scalar_type() != type) return false;
+  if (!weight.is_contiguous() || x.size(0) != weight.size(1)) return false;
+  if (bias.defined() &&
+      (bias.scalar_type() != type || bias.dim() != 1 || bias.size(0) != weight.size(0) || !bias.is_contiguous() ||
+       !bias.device().is_cpu()))
+    return false;
+  return true;
+}
+
+torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias) {
+  if (!matvec_supported(weight, x, bias))
+    throw Error(std::string("matvec: weight ") + c10::toString(weight.scalar_type()) + " [" +
+                std::to_string(weight.size(0)) + ", " + std::to_string(weight.dim() > 1 ? weight.size(1) : 0) +
+                "] with x " + c10::toString(x.scalar_type()) + " of " + std::to_string(x.numel()) +
+                " elements is not a case matvec_supported() accepts");
+  const int64_t out = weight.size(0), in = weight.size(1);
+  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();  // bfloat16 widens exactly
+  torch::Tensor y = torch::empty({out}, weight.options());
+  const float* xp = x32.data_ptr<float>();
+  if (weight.scalar_type() == torch::kFloat32) {
+    rows(weight.data_ptr<float>(), xp, bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), out,
+         in);
+  } else {
+    auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    rows(bits(weight), xp, bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), out, in);
+  }
+  return y;
+}
+
+}  // namespace kvevict

@@ -1,0 +1,124 @@
+// The one-row decode kernel (harness/model/matvec.h) and the bandwidth probe it is
+// measured against (harness/runtime/roofline.h). Values only: speed lives in the bench.
+#include <ATen/Parallel.h>
+
+#include "harness/common/errors.h"
+#include "harness/model/matvec.h"
+#include "harness/model/model.h"
+#include "harness/model/threads.h"
+#include "harness/runtime/attention.h"
+#include "harness/runtime/roofline.h"
+#include "harness/runtime/scorer.h"
+#include "policies/registry.h"
+#include "tests/test_support.h"
+// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
+#undef CHECK
+#undef CHECK_EQ
+#include <catch2/catch.hpp>
+
+using namespace kvevict;
+
+namespace {
+
+// Restores the process's thread count when a test changed it.
+struct ThreadCountGuard {
+  int saved = at::get_num_threads();
+  ~ThreadCountGuard() { set_thread_count(saved); }
+};
+
+// Odd sizes, so the vector loops' tails run; 1001 rows of 300 float32 split into
+// several chunks (the kernel hands out at least 128 KiB of weights per thread).
+torch::Tensor random_weight(torch::ScalarType dtype) {
+  torch::manual_seed(11);
+  return torch::randn({1001, 300}).to(dtype);
+}
+
+}  // namespace
+
+TEST_CASE("matvec equals the float64 product of the same values", "[matvec]") {
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto weight = random_weight(dtype);
+    auto x = torch::randn({300}).to(dtype);
+    auto bias = torch::randn({1001}).to(dtype);
+    REQUIRE(matvec_supported(weight, x, bias));
+    auto exact = torch::addmv(bias.to(torch::kFloat64), weight.to(torch::kFloat64), x.to(torch::kFloat64));
+    auto y = matvec(weight, x, bias);
+    REQUIRE(y.scalar_type() == dtype);
+    REQUIRE(y.sizes() == exact.sizes());
+    const double error = (y.to(torch::kFloat64) - exact).abs().max().item<double>();
+    // float32: summation error of 300 terms; bfloat16: one rounding of the output (8 bits).
+    const double scale = exact.abs().max().item<double>();
+    CHECK(error <= (dtype == torch::kFloat32 ? 1e-5 : 1.0 / 128) * scale);
+    // Without the bias, too.
+    auto plain = matvec(weight, x);
+    auto exact_plain = torch::mv(weight.to(torch::kFloat64), x.to(torch::kFloat64));
+    CHECK((plain.to(torch::kFloat64) - exact_plain).abs().max().item<double>() <=
+          (dtype == torch::kFloat32 ? 1e-5 : 1.0 / 128) * exact_plain.abs().max().item<double>());
+  }
+}
+
+TEST_CASE("matvec gives the same bits on one thread and on two", "[matvec]") {
+  ThreadCountGuard guard;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto weight = random_weight(dtype);
+    auto x = torch::randn({300}).to(dtype);
+    set_thread_count(1);
+    auto one = matvec(weight, x);
+    set_thread_count(2);
+    auto two = matvec(weight, x);
+    CHECK(torch::equal(one, two));
+  }
+}
+
+TEST_CASE("matvec refuses what it does not handle, by name", "[matvec]") {
+  auto half = torch::randn({8, 4}).to(torch::kFloat16);
+  CHECK_FALSE(matvec_supported(half, torch::randn({4}).to(torch::kFloat16)));
+  CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({4}).to(torch::kBFloat16)));  // mixed
+  CHECK_FALSE(matvec_supported(torch::randn({4, 8}).t(), torch::randn({4})));                  // not contiguous
+  CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({5})));                       // wrong width
+  CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({4}), torch::randn({7})));    // wrong bias
+  CHECK_THROWS_AS(matvec(half, torch::randn({4}).to(torch::kFloat16)), Error);
+}
+
+TEST_CASE("the read-bandwidth probe reads with every thread it is given", "[roofline]") {
+  // ATen's parallel_for compiles its OpenMP pragma into the caller: built without
+  // OpenMP, the probe ran on one thread whatever the thread count (issue 14).
+  ThreadCountGuard guard;
+  for (int threads : {1, 2}) {
+    set_thread_count(threads);
+    const ReadBandwidth read = measure_read_bandwidth(int64_t{16} << 20, 1);
+    CHECK(read.threads == threads);
+    CHECK(read.bytes_per_s > 0);
+  }
+}
+
+TEST_CASE("decode through matvec matches the full forward on weights of 1 MiB and more", "[matvec][model]") {
+  // hidden 768: every matrix is at least 1 MiB in float32 and in bfloat16, so one-row
+  // steps take matvec (the test models are smaller and keep torch::mv / torch::linear).
+  const auto dir = test::temp_dir("random_matvec");
+  auto r = test::run_kvevict("make-random-model --out " + dir + " --layers 2 --hidden 768 --heads 6 --kv-heads 6"
+                             " --intermediate 768 --vocab 700 --max-positions 64");
+  REQUIRE(r.exit_code == 0);
+  const std::vector<int> tokens = {1, 17, 300, 42, 699, 3, 250, 77};
+  auto full_policy = make_policy("full", PolicyOptions{});
+  auto decode_logits = [&](const Model& model) {
+    CacheAttention cache(model, *full_policy, shape_for(model, static_cast<int>(tokens.size()), 1));
+    std::vector<torch::Tensor> rows;
+    for (size_t i = 0; i < tokens.size(); ++i)
+      rows.push_back(model.forward({tokens[i]}, static_cast<int64_t>(i), cache));
+    return torch::cat(rows, 0);
+  };
+  auto model32 = Model::load(dir);
+  FullAttention attention;
+  auto reference = model32->forward(tokens, 0, attention);  // all rows at once: torch::linear
+  auto decoded32 = decode_logits(*model32);
+  REQUIRE(decoded32.sizes() == reference.sizes());
+  CHECK((decoded32 - reference).abs().max().item<double>() < 1e-5);
+  ModelOptions bf16;
+  bf16.dtype = "bfloat16";
+  auto decoded16 = decode_logits(*Model::load(dir, bf16));
+  const double scale = reference.abs().max().item<double>();
+  WARN("bf16 decode vs float32 full forward: max |diff| " << (decoded16 - reference).abs().max().item<double>()
+       << " of max |logit| " << scale);
+  CHECK((decoded16 - reference).abs().max().item<double>() < 0.05 * scale);
+}
