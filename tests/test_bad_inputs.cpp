@@ -233,7 +233,7 @@ std::vector<Case> cases() {
   cli_case("--max-new-tokens 0", "generate --max-new-tokens 0", "--max-new-tokens");
   cli_case("--temperature nan", gen + "--temperature nan", "--temperature");
   cli_case("--temperature -1", gen + "--temperature -1", "--temperature");
-  cli_case("--budget nan (was no budget)", gen + "--policy h2o --budget nan", "--budget");
+  c.push_back({"flags", "--budget nan (was no budget)", [=](const std::string&) { return gen + "--policy h2o --budget nan"; }, {"--budget", "nan"}});
   cli_case("--budget -1 (was no budget)", gen + "--policy full --budget -1", "--budget");
   cli_case("--budget 1.5", gen + "--policy h2o --budget 1.5", "--budget");
   cli_case("--budget with --budget-tokens (was the tokens)", gen + "--policy h2o --budget 0.5 --budget-tokens 4", "--budget-tokens");
