@@ -325,6 +325,11 @@ std::vector<Case> cases() {
   sweep_case("mode of the wrong type (was a bare JSON error)", {{"mode", 5}}, "wrong type");
   sweep_case("limit of the wrong type", {{"limit", {{"copa", "x"}}}}, "wrong type");
   sweep_case("limit 0 (was a failed cell per policy)", {{"limit", 0}}, "\"limit\"");
+  // JSON numbers used to convert to int silently (found by fuzz_sweep_config).
+  sweep_case("max_length 2.2e45 (was undefined behaviour)", {{"max_length", 2.2e45}}, "max_length");
+  sweep_case("seed 4294967338 (was read as 42)", {{"seeds", {4294967338LL}}}, "seeds");
+  sweep_case("shots 2.5 (was 2)", {{"shots", {2.5}}}, "shots");
+  sweep_case("limit 2.5 for one task (was 2)", {{"limit", {{"copa", 2.5}}}}, "limit.copa");
   sweep_case("budget 1e-9 (was 0 tokens kept)", {{"budgets", {1e-9}}}, "5.97e-08");
   sweep_case("budget 0.001 on a 512-position model", {{"budgets", {0.001}}}, "0.00196");
   c.push_back({"sweep config", "config not JSON",

@@ -1,5 +1,7 @@
 #include "harness/config/sweep_grid.h"
 
+#include <cmath>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -39,6 +41,31 @@ std::vector<T> axis(const nlohmann::json& config, const std::string& path, const
   } catch (const std::exception& e) {
     throw Error(path + ": key \"" + key + "\" has the wrong type (" + json_error_message(e) + ")");
   }
+}
+
+// JSON numbers convert to int silently: 2.5 becomes 2, 4294967338 becomes 42, and 1e45 is
+// undefined behaviour (found by fuzz_sweep_config). An integer key must be an integer
+// that fits [low, high].
+int checked_int(const nlohmann::json& v, const std::string& path, const std::string& key, long long low,
+                long long high) {
+  if (!v.is_number_integer()) throw Error(path + ": key \"" + key + "\" has the wrong type (an integer is needed, not " + v.dump() + ")");
+  const bool fits = v.is_number_unsigned() ? v.get<unsigned long long>() <= static_cast<unsigned long long>(high)
+                                           : v.get<long long>() >= low && v.get<long long>() <= high;
+  if (!fits || v.get<long long>() < low)
+    throw Error(path + ": key \"" + key + "\": " + v.dump() + " is outside [" + std::to_string(low) + ", " +
+                std::to_string(high) + "]");
+  return static_cast<int>(v.get<long long>());
+}
+
+std::vector<int> int_axis(const nlohmann::json& config, const std::string& path, const std::string& key,
+                          std::vector<int> fallback, long long low) {
+  if (!config.contains(key)) return fallback;
+  const auto& v = config[key];
+  if (v.is_array() && v.empty()) throw Error(path + ": key \"" + key + "\" is an empty list");
+  std::vector<int> out;
+  for (const auto& item : v.is_array() ? v : nlohmann::json::array({v}))
+    out.push_back(checked_int(item, path, key, low, std::numeric_limits<int>::max()));
+  return out;
 }
 
 }  // namespace
@@ -112,11 +139,11 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   for (const auto& t : tasks) make_task(t);  // unknown task fails here, naming the known ones
   auto policies = axis<std::string>(config, path, "policies", {reference_policy_name()});
   auto budgets = axis<double>(config, path, "budgets", {});
-  auto budget_tokens = axis<int>(config, path, "budget_tokens", {});
+  auto budget_tokens = int_axis(config, path, "budget_tokens", {}, std::numeric_limits<int>::min());
   auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
   auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
-  auto shots = axis<int>(config, path, "shots", {0});
-  auto seeds = axis<int>(config, path, "seeds", {42});
+  auto shots = int_axis(config, path, "shots", {0}, 0);
+  auto seeds = int_axis(config, path, "seeds", {42}, std::numeric_limits<int>::min());
   // "pipelines": ["lm-eval", "h2o"] (or "pipeline": "h2o"); part of each cell's identity.
   if (config.contains("pipelines") && config.contains("pipeline"))
     throw Error(path + ": give \"pipelines\" or \"pipeline\", not both");
@@ -133,8 +160,10 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     if (!config.contains("limit")) return -1;
     const auto& l = config["limit"];
     int limit = -2;
-    if (l.is_number_integer()) limit = l.get<int>();
-    else if (l.is_object()) limit = l.contains(task) ? l[task].get<int>() : l.value("*", -1);
+    const int most = std::numeric_limits<int>::max();
+    if (l.is_number()) limit = checked_int(l, path, "limit", -1, most);
+    else if (l.is_object() && l.contains(task)) limit = checked_int(l[task], path, "limit." + task, -1, most);
+    else if (l.is_object()) limit = l.contains("*") ? checked_int(l["*"], path, "limit.*", -1, most) : -1;
     else throw Error(path + ": \"limit\" must be an integer or an object of task -> integer");
     // 0 documents would be an accuracy over n = 0; -1 means all.
     if (limit == 0 || limit < -1)
@@ -210,8 +239,12 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 // The H2O adaptor's log-likelihood is a mean unless the config says otherwise.
                 e.score = parse_score_mode(config.value(
                     "score", std::string(pipeline == Pipeline::H2O ? "mean" : "sum")));
-                e.max_length = config.value("max_length", 1024);
+                e.max_length = config.contains("max_length")
+                                   ? checked_int(config["max_length"], path, "max_length", 2, std::numeric_limits<int>::max())
+                                   : 1024;
                 e.temperature = config.value("temperature", 0.0);
+                if (!(e.temperature >= 0 && std::isfinite(e.temperature)))
+                  throw Error(path + ": key \"temperature\" must be a finite number >= 0");
                 e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
                 e.sample_seed = static_cast<uint64_t>(seed);
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
