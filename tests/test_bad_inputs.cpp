@@ -233,7 +233,7 @@ std::vector<Case> cases() {
   cli_case("--max-new-tokens 0", "generate --max-new-tokens 0", "--max-new-tokens");
   cli_case("--temperature nan", gen + "--temperature nan", "--temperature");
   cli_case("--temperature -1", gen + "--temperature -1", "--temperature");
-  cli_case("--budget nan (was no budget)", gen + "--policy h2o --budget nan", "--budget");
+  c.push_back({"flags", "--budget nan (was no budget)", [=](const std::string&) { return gen + "--policy h2o --budget nan"; }, {"--budget", "nan"}});
   cli_case("--budget -1 (was no budget)", gen + "--policy full --budget -1", "--budget");
   cli_case("--budget 1.5", gen + "--policy h2o --budget 1.5", "--budget");
   cli_case("--budget with --budget-tokens (was the tokens)", gen + "--policy h2o --budget 0.5 --budget-tokens 4", "--budget-tokens");
@@ -258,6 +258,22 @@ std::vector<Case> cases() {
   cli_case("eval unknown task", "eval --task boolq --limit 2", "boolq");
   cli_case("bench --repeat 0", "bench --repeat 0", "--repeat");
   cli_case("unknown flag", "generate --bogus 3", "--bogus");
+  // A ratio that keeps 0 tokens at any length a model may have, or at this model's whole
+  // context (stories260K: 512 positions), never keeps a token; the smallest that does is named.
+  c.push_back({"flags", "--budget 1e-9 (was 0 tokens kept)", [=](const std::string&) { return gen + "--policy h2o --budget 1e-9"; },
+               {"--budget", "keeps 0 tokens", "5.97e-08"}});
+  c.push_back({"flags", "--budget 0.001 on a 512-position model", [=](const std::string&) { return gen + "--policy h2o --budget 0.001"; },
+               {"--budget", "512", "0.00196"}});
+  c.push_back({"flags", "eval --budget 0.001 on a 512-position model",
+               [](const std::string&) { return "eval --task copa --limit 2 --policy h2o --budget 0.001"; },
+               {"--budget", "512", "0.00196"}});
+  c.push_back({"flags", "perplexity --heavy-ratio/--recent-ratio 0.001 on a 512-position model",
+               [](const std::string&) {
+                 return "perplexity " + kText + " --max-tokens 64 --policy h2o-paper --heavy-ratio 0.001 --recent-ratio 0.001";
+               },
+               {"--heavy-ratio", "--recent-ratio", "512"}});
+  cli_case("eval --limit 0 (was accuracy 0 over n = 0)", "eval --task copa --limit 0", "limit");
+  cli_case("eval --limit -5 (was all)", "eval --task copa --limit -5", "limit");
   cli_case("--dtype int8", gen + "--dtype int8", "int8");
   cli_case("--device tpu", gen + "--device tpu", "tpu");
 
@@ -281,6 +297,13 @@ std::vector<Case> cases() {
                },
                {"p.jsonl:2"}});
 
+  c.push_back({"files", "an empty task split (was accuracy 0 over n = 0)",
+               [](const std::string& d) {
+                 write(d + "/data/copa/val.jsonl", "");
+                 return "--data-dir " + d + "/data eval --task copa --model " + kvevict::test::data("models/stories260K-hf");
+               },
+               {"copa", "no documents"}});
+
   // Sweep configs.
   auto sweep_case = [&](const std::string& name, const json& patch, const std::string& key) {
     c.push_back({"sweep config", name,
@@ -301,6 +324,14 @@ std::vector<Case> cases() {
   sweep_case("unknown top-level key", {{"budgetz", {0.5}}}, "budgetz");
   sweep_case("mode of the wrong type (was a bare JSON error)", {{"mode", 5}}, "wrong type");
   sweep_case("limit of the wrong type", {{"limit", {{"copa", "x"}}}}, "wrong type");
+  sweep_case("limit 0 (was a failed cell per policy)", {{"limit", 0}}, "\"limit\"");
+  // JSON numbers used to convert to int silently (found by fuzz_sweep_config).
+  sweep_case("max_length 2.2e45 (was undefined behaviour)", {{"max_length", 2.2e45}}, "max_length");
+  sweep_case("seed 4294967338 (was read as 42)", {{"seeds", {4294967338LL}}}, "seeds");
+  sweep_case("shots 2.5 (was 2)", {{"shots", {2.5}}}, "shots");
+  sweep_case("limit 2.5 for one task (was 2)", {{"limit", {{"copa", 2.5}}}}, "limit.copa");
+  sweep_case("budget 1e-9 (was 0 tokens kept)", {{"budgets", {1e-9}}}, "5.97e-08");
+  sweep_case("budget 0.001 on a 512-position model", {{"budgets", {0.001}}}, "0.00196");
   c.push_back({"sweep config", "config not JSON",
                [](const std::string& d) {
                  write(d + "/sweep.json", "{\"tasks\": [\"copa\"");
@@ -398,6 +429,7 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
   const auto all = cases();
   REQUIRE(all.size() >= 60);
   int clean = 0;
+  std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   for (size_t i = 0; i < all.size(); ++i) {
     const Case& bad = all[i];
     const std::string dir = kvevict::test::temp_dir("bad_input_" + std::to_string(i));
@@ -419,8 +451,14 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
     CHECK(names_it);
     CHECK(no_internals);
     CHECK(untouched);
-    if (exited && one_line && names_it && no_internals && untouched) ++clean;
+    const bool ok = exited && one_line && names_it && no_internals && untouched;
+    clean += ok;
+    per_group[bad.group].first += ok;
+    per_group[bad.group].second += 1;
     fs::remove_all(dir);
   }
-  WARN("bad-input suite: " << clean << " of " << all.size() << " cases gave a clean error");
+  std::string groups;
+  for (const auto& [group, counts] : per_group)
+    groups += "\n  " + group + ": " + std::to_string(counts.first) + " of " + std::to_string(counts.second);
+  WARN("bad-input suite: " << clean << " of " << all.size() << " cases gave a clean error" << groups);
 }

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -45,7 +46,11 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
-std::string kvevict_binary() { return KVEVICT_BINARY; }
+std::string kvevict_binary() {
+  // Another build (an older commit, a sanitizer build) can be put under the same CLI tests.
+  const char* other = std::getenv("KVEVICT_TEST_BINARY");
+  return other && *other ? other : KVEVICT_BINARY;
+}
 
 CommandResult run_kvevict(const std::string& args) {
   static int counter = 0;
@@ -53,7 +58,7 @@ CommandResult run_kvevict(const std::string& args) {
              ("kvevict_cmd_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   std::filesystem::create_directories(dir);
   std::string out = (dir / "out").string(), err = (dir / "err").string();
-  std::string cmd = std::string(KVEVICT_BINARY) + " " + args + " >" + out + " 2>" + err;
+  std::string cmd = kvevict_binary() + " " + args + " >" + out + " 2>" + err;
   int status = std::system(cmd.c_str());
   CommandResult result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out),
                        read_text(err)};

@@ -26,7 +26,9 @@ struct CommandResult {
   std::string out;  // stdout
   std::string err;  // stderr
 };
-// The kvevict binary under test (for tests that start it in the background themselves).
+// The kvevict binary under test (for tests that start it in the background themselves):
+// this build's, or $KVEVICT_TEST_BINARY when set (e.g. an older build, to show that a
+// test fails without the fix it covers). run_kvevict runs the same one.
 std::string kvevict_binary();
 // Runs the kvevict binary with the given argument string (shell-quoted by the caller).
 CommandResult run_kvevict(const std::string& args);

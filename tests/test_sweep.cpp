@@ -84,6 +84,25 @@ TEST_CASE("grid expansion", "[sweep]") {
   CHECK_THROWS_WITH(parse_shard("3/3"), Catch::Contains("0 <= i < N"));
 }
 
+TEST_CASE("grid expansion reads integer keys as integers that fit, never converted", "[sweep][errors]") {
+  // fuzz_sweep_config's finding: "max_length": 2.2e45 was a float-to-int conversion out of
+  // range (undefined behaviour); 2.5 shots were 2, seed 2^32 + 42 was 42.
+  const std::vector<std::pair<std::string, nlohmann::json>> bad = {
+      {"max_length", 2.2e45}, {"max_length", 512.5}, {"max_length", 1}, {"shots", {2.5}},
+      {"seeds", {4294967338LL}}, {"budget_tokens", {1e10}}, {"limit", 2.5}, {"limit", {{"copa", 1e45}}},
+      {"temperature", -1}};
+  for (const auto& [key, value] : bad) {
+    auto config = nlohmann::json::parse(kSmallSweep);
+    config[key] = value;
+    INFO(key << ": " << value.dump());
+    CHECK_THROWS_WITH(expand_sweep(config, "sweep.json", ""), Catch::Contains("sweep.json") && Catch::Contains(key));
+  }
+  auto fine = nlohmann::json::parse(kSmallSweep);
+  fine["max_length"] = 512;
+  fine["seeds"] = {1, 2};
+  CHECK(expand_sweep(fine, "sweep.json", "").cells.front().eval.max_length == 512);
+}
+
 TEST_CASE("a sweep resumes after a kill and redoes only the torn row", "[sweep]") {
   auto dir = test::temp_dir("sweep_resume");
   auto config = write_config(dir, kSmallSweep);

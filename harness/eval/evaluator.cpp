@@ -9,18 +9,10 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
+#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
-
-const EnumName<Protocol> kProtocolNames[] = {{Protocol::Stream, "stream"},
-                                             {Protocol::PrefillCompress, "prefill-compress"}};
-Protocol parse_protocol(const std::string& name) { return parse_enum(kProtocolNames, "protocol", name); }
-std::string protocol_name(Protocol p) { return enum_name(kProtocolNames, p); }
-
-const EnumName<ScoreMode> kScoreModeNames[] = {{ScoreMode::Sum, "sum"}, {ScoreMode::Mean, "mean"}};
-ScoreMode parse_score_mode(const std::string& name) { return parse_enum(kScoreModeNames, "score", name); }
-std::string score_mode_name(ScoreMode m) { return enum_name(kScoreModeNames, m); }
 
 namespace {
 
@@ -200,6 +192,9 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   if (config.max_length < 2)
     throw Error("max length " + std::to_string(config.max_length) + " must be at least 2 tokens");
   config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
+  // No request is longer than the model's context, so a ratio that keeps 0 tokens there never keeps one.
+  check_budget_keeps_a_token(*make_policy(config.policy, config.policy_options), model.arch().max_positions,
+                             "--budget");
   const int limit = config.task_options.limit;
   if (limit == 0 || limit < -1)
     throw Error("limit must be a positive number of documents (or -1 for all), got " + std::to_string(limit));

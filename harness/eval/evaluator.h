@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/config/eval_config.h"
 #include "harness/model/model.h"
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
@@ -17,28 +18,7 @@
 
 namespace kvevict {
 
-enum class Protocol { Stream, PrefillCompress };
-Protocol parse_protocol(const std::string& name);
-std::string protocol_name(Protocol protocol);
-ScoreMode parse_score_mode(const std::string& name);
-std::string score_mode_name(ScoreMode mode);
-
-struct EvalConfig {
-  std::string task;
-  TaskOptions task_options;  // data_dir, shots, seed, limit
-  std::string policy = reference_policy_name();
-  PolicyOptions policy_options;
-  Mode mode = Mode::Sim;
-  Protocol protocol = Protocol::Stream;
-  ScoreMode score = ScoreMode::Sum;
-  std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
-  int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
-  double temperature = 0;    // generation: 0 is greedy (a request file's own temperature wins)
-  bool greedy = false;       // generation: greedy even where the prompt file names a temperature
-  uint64_t sample_seed = 0;
-  std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir
-  bool compare_with_full = true;  // also run the full cache for agreement numbers
-};
+// EvalConfig (what one evaluation is) lives in harness/config/eval_config.h.
 
 // Per-document outcome, kept for predictions files and agreement.
 struct DocOutcome {

@@ -8,12 +8,6 @@
 
 namespace kvevict {
 
-const EnumName<Pipeline> kPipelineNames[] = {{Pipeline::LmEval, "lm-eval"}, {Pipeline::H2O, "h2o"}};
-
-Pipeline parse_pipeline(const std::string& name) { return parse_enum(kPipelineNames, "pipeline", name); }
-
-std::string pipeline_name(Pipeline pipeline) { return enum_name(kPipelineNames, pipeline); }
-
 H2OScoredRequest score_h2o_request(const Model& model, const Policy& policy, Mode mode,
                                    const LoglikelihoodRequest& request) {
   const Tokenizer& tokenizer = model.require_tokenizer();

@@ -17,10 +17,6 @@
 
 namespace kvevict {
 
-// "lm-eval" or "h2o" (the --pipeline flag and the results column).
-Pipeline parse_pipeline(const std::string& name);
-std::string pipeline_name(Pipeline pipeline);
-
 constexpr int kH2OWindow = 1024;  // evaluate_task_result.py: seq = 1024
 
 struct H2OScoredRequest {

@@ -5,35 +5,6 @@
 #include "policies/registry.h"
 
 namespace kvevict {
-ResultRow identity_row(const std::string& model, const EvalConfig& c) {
-  ResultRow row;
-  row.model = model;
-  row.task = c.task;
-  row.policy = c.policy;
-  const BudgetSpec& b = c.policy_options.budget;
-  const auto policy = make_policy(c.policy, c.policy_options);
-  if (!policy->keeps_everything()) {
-    if (b.ratio > 0) row.budget = b.ratio;
-    if (b.tokens > 0) row.budget_tokens = b.tokens;
-    if (b.heavy_share >= 0) row.heavy_share = b.heavy_share;
-    if (b.ratio > 0) {
-      double share = b.heavy_share >= 0 ? b.heavy_share : policy->default_heavy_share();
-      if (!policy->splits_budget()) share = 0;
-      row.heavy_ratio = b.ratio * share;
-      row.recent_ratio = b.ratio * (1 - share);
-    }
-  }
-  row.protocol = protocol_name(c.protocol);
-  row.mode = mode_name(c.mode);
-  row.score = score_mode_name(c.score);
-  row.pipeline = pipeline_name(c.task_options.pipeline);
-  row.shots = c.task_options.shots;
-  row.seed = c.task_options.seed;
-  if (c.task_options.limit >= 0) row.limit = c.task_options.limit;
-  row.version = kvevict_version();
-  return row;
-}
-
 std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& config, const EvalResult& result) {
   std::vector<ResultRow> rows;
   for (const auto& m : result.metrics) {

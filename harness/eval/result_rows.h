@@ -9,8 +9,7 @@
 
 namespace kvevict {
 
-// The identity columns of a configuration (outcome columns empty).
-ResultRow identity_row(const std::string& model, const EvalConfig& config);
+// identity_row (the identity columns of a configuration) is in harness/config/eval_config.h.
 // identity_row plus each metric of the result.
 std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& config, const EvalResult& result);
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/limits.h"
+
 namespace kvevict {
 
 enum class NormKind { RMSNorm, LayerNorm };
@@ -115,6 +117,6 @@ void read_mha_shape(ArchSpec& a, const nlohmann::json& config, const std::string
 // Upper bounds for config.json sizes: far above any released model, low enough that
 // the tensor list and every shape product stay small and inside int64.
 constexpr int64_t kMaxLayers = 1024, kMaxHeads = 4096, kMaxHidden = 1 << 18;
-constexpr int64_t kMaxIntermediate = 1 << 20, kMaxVocab = 1 << 22, kMaxPositions = 1 << 24;
+constexpr int64_t kMaxIntermediate = 1 << 20, kMaxVocab = 1 << 22, kMaxPositions = kMaxModelPositions;
 
 }  // namespace kvevict

@@ -7,12 +7,6 @@
 
 namespace kvevict {
 
-const EnumName<Mode> kModeNames[] = {{Mode::Sim, "sim"}, {Mode::Decode, "decode"}};
-
-Mode parse_mode(const std::string& name) { return parse_enum(kModeNames, "mode", name); }
-
-std::string mode_name(Mode mode) { return enum_name(kModeNames, mode); }
-
 SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   SequenceShape shape;
   shape.length = length;

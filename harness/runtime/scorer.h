@@ -3,15 +3,12 @@
 #include <string>
 #include <vector>
 
+#include "harness/config/eval_config.h"
 #include "harness/runtime/attention.h"
 #include "harness/model/model.h"
 #include "policies/policy.h"
 
 namespace kvevict {
-
-enum class Mode { Sim, Decode };
-Mode parse_mode(const std::string& name);
-std::string mode_name(Mode mode);
 
 // The policy's view of a sequence on this model.
 SequenceShape shape_for(const Model& model, int length, int prefill_len);

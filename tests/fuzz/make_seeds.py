@@ -127,3 +127,16 @@ for d in model_dirs:
             write("pytorch_bin", d + "-small.zip", buffer.getvalue())
     else:
         write("pytorch_bin", d + "-legacy-head", open(path, "rb").read()[:8192])
+
+# Sweep configs: every config in the repository as it is, and the config each reference
+# result was run with (the "config" member of results/*/config.json).
+configs = os.path.join(repo, "configs")
+for f in sorted(os.listdir(configs)) if os.path.isdir(configs) else []:
+    if f.endswith(".json"):
+        write("sweep_config", f, open(os.path.join(configs, f), "rb").read())
+for d in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+    path = os.path.join(results, d, "config.json")
+    if os.path.exists(path):
+        record = json.load(open(path))
+        if isinstance(record, dict) and isinstance(record.get("config"), dict):
+            write("sweep_config", "results-" + d, json.dumps(record["config"], indent=1))

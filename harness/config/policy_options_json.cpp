@@ -1,4 +1,4 @@
-#include "harness/sweep/policy_options_json.h"
+#include "harness/config/policy_options_json.h"
 
 #include <cstdint>
 

@@ -1,0 +1,54 @@
+#include "harness/config/eval_config.h"
+
+#include "harness/common/enum_names.h"
+#include "harness/common/version.h"
+
+namespace kvevict {
+
+const EnumName<Mode> kModeNames[] = {{Mode::Sim, "sim"}, {Mode::Decode, "decode"}};
+Mode parse_mode(const std::string& name) { return parse_enum(kModeNames, "mode", name); }
+std::string mode_name(Mode mode) { return enum_name(kModeNames, mode); }
+
+const EnumName<Protocol> kProtocolNames[] = {{Protocol::Stream, "stream"},
+                                             {Protocol::PrefillCompress, "prefill-compress"}};
+Protocol parse_protocol(const std::string& name) { return parse_enum(kProtocolNames, "protocol", name); }
+std::string protocol_name(Protocol p) { return enum_name(kProtocolNames, p); }
+
+const EnumName<ScoreMode> kScoreModeNames[] = {{ScoreMode::Sum, "sum"}, {ScoreMode::Mean, "mean"}};
+ScoreMode parse_score_mode(const std::string& name) { return parse_enum(kScoreModeNames, "score", name); }
+std::string score_mode_name(ScoreMode m) { return enum_name(kScoreModeNames, m); }
+
+const EnumName<Pipeline> kPipelineNames[] = {{Pipeline::LmEval, "lm-eval"}, {Pipeline::H2O, "h2o"}};
+Pipeline parse_pipeline(const std::string& name) { return parse_enum(kPipelineNames, "pipeline", name); }
+std::string pipeline_name(Pipeline pipeline) { return enum_name(kPipelineNames, pipeline); }
+
+ResultRow identity_row(const std::string& model, const EvalConfig& c) {
+  ResultRow row;
+  row.model = model;
+  row.task = c.task;
+  row.policy = c.policy;
+  const BudgetSpec& b = c.policy_options.budget;
+  const auto policy = make_policy(c.policy, c.policy_options);
+  if (!policy->keeps_everything()) {
+    if (b.ratio > 0) row.budget = b.ratio;
+    if (b.tokens > 0) row.budget_tokens = b.tokens;
+    if (b.heavy_share >= 0) row.heavy_share = b.heavy_share;
+    if (b.ratio > 0) {
+      double share = b.heavy_share >= 0 ? b.heavy_share : policy->default_heavy_share();
+      if (!policy->splits_budget()) share = 0;
+      row.heavy_ratio = b.ratio * share;
+      row.recent_ratio = b.ratio * (1 - share);
+    }
+  }
+  row.protocol = protocol_name(c.protocol);
+  row.mode = mode_name(c.mode);
+  row.score = score_mode_name(c.score);
+  row.pipeline = pipeline_name(c.task_options.pipeline);
+  row.shots = c.task_options.shots;
+  row.seed = c.task_options.seed;
+  if (c.task_options.limit >= 0) row.limit = c.task_options.limit;
+  row.version = kvevict_version();
+  return row;
+}
+
+}  // namespace kvevict

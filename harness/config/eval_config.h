@@ -1,0 +1,52 @@
+// What one evaluation is, as data: the task, the policy and its options, the execution
+// mode, the protocol, the score and pipeline, and the identity columns it gets in
+// results.csv. No LibTorch, so sweep configs can be read and expanded (and fuzzed)
+// without a model.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "notebooks-export/results_csv.h"
+#include "policies/registry.h"
+#include "tasks/metrics.h"
+#include "tasks/task.h"
+
+namespace kvevict {
+
+// Sim: the full forward pass with attention masked by the policy; decode: a real cache.
+enum class Mode { Sim, Decode };
+Mode parse_mode(const std::string& name);
+std::string mode_name(Mode mode);
+
+enum class Protocol { Stream, PrefillCompress };
+Protocol parse_protocol(const std::string& name);
+std::string protocol_name(Protocol protocol);
+ScoreMode parse_score_mode(const std::string& name);
+std::string score_mode_name(ScoreMode mode);
+
+// "lm-eval" or "h2o" (the --pipeline flag and the results column).
+Pipeline parse_pipeline(const std::string& name);
+std::string pipeline_name(Pipeline pipeline);
+
+struct EvalConfig {
+  std::string task;
+  TaskOptions task_options;  // data_dir, shots, seed, limit
+  std::string policy = reference_policy_name();
+  PolicyOptions policy_options;
+  Mode mode = Mode::Sim;
+  Protocol protocol = Protocol::Stream;
+  ScoreMode score = ScoreMode::Sum;
+  std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
+  int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
+  double temperature = 0;    // generation: 0 is greedy (a request file's own temperature wins)
+  bool greedy = false;       // generation: greedy even where the prompt file names a temperature
+  uint64_t sample_seed = 0;
+  std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir
+  bool compare_with_full = true;  // also run the full cache for agreement numbers
+};
+
+// The identity columns of a configuration (outcome columns empty).
+ResultRow identity_row(const std::string& model, const EvalConfig& config);
+
+}  // namespace kvevict

@@ -1,0 +1,258 @@
+#include "harness/config/sweep_grid.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
+#include "harness/config/policy_options_json.h"
+#include "policies/option_checks.h"
+#include "policies/registry.h"
+
+namespace kvevict {
+std::pair<int, int> parse_shard(const std::string& text) {
+  int i = -1, n = -1;
+  char slash = 0;
+  std::istringstream in(text);
+  if (!(in >> i >> slash >> n) || slash != '/' || n < 1 || i < 0 || i >= n || !in.eof())
+    throw Error("--shard \"" + text + "\" must be i/N with 0 <= i < N");
+  return {i, n};
+}
+
+namespace {
+
+// Identity columns: a cell is finished when results.csv holds rows with its key.
+const std::vector<std::string> kIdentityColumns = result_columns(ColumnRole::setting);
+
+template <typename T>
+std::vector<T> axis(const nlohmann::json& config, const std::string& path, const std::string& key,
+                    std::vector<T> fallback) {
+  if (!config.contains(key)) return fallback;
+  const auto& v = config[key];
+  try {
+    if (v.is_array()) {
+      auto out = v.get<std::vector<T>>();
+      if (out.empty()) throw Error("empty list");
+      return out;
+    }
+    return {v.get<T>()};
+  } catch (const std::exception& e) {
+    throw Error(path + ": key \"" + key + "\" has the wrong type (" + json_error_message(e) + ")");
+  }
+}
+
+// JSON numbers convert to int silently: 2.5 becomes 2, 4294967338 becomes 42, and 1e45 is
+// undefined behaviour (found by fuzz_sweep_config). An integer key must be an integer
+// that fits [low, high].
+int checked_int(const nlohmann::json& v, const std::string& path, const std::string& key, long long low,
+                long long high) {
+  if (!v.is_number_integer()) throw Error(path + ": key \"" + key + "\" has the wrong type (an integer is needed, not " + v.dump() + ")");
+  const bool fits = v.is_number_unsigned() ? v.get<unsigned long long>() <= static_cast<unsigned long long>(high)
+                                           : v.get<long long>() >= low && v.get<long long>() <= high;
+  if (!fits || v.get<long long>() < low)
+    throw Error(path + ": key \"" + key + "\": " + v.dump() + " is outside [" + std::to_string(low) + ", " +
+                std::to_string(high) + "]");
+  return static_cast<int>(v.get<long long>());
+}
+
+std::vector<int> int_axis(const nlohmann::json& config, const std::string& path, const std::string& key,
+                          std::vector<int> fallback, long long low) {
+  if (!config.contains(key)) return fallback;
+  const auto& v = config[key];
+  if (v.is_array() && v.empty()) throw Error(path + ": key \"" + key + "\" is an empty list");
+  std::vector<int> out;
+  for (const auto& item : v.is_array() ? v : nlohmann::json::array({v}))
+    out.push_back(checked_int(item, path, key, low, std::numeric_limits<int>::max()));
+  return out;
+}
+
+}  // namespace
+
+std::string row_cell_key(const ResultRow& row) {
+  auto fields = row.fields();
+  std::string key;
+  for (const auto& c : kIdentityColumns) key += fields[c] + "|";
+  return key;
+}
+
+std::string SweepCell::key() const { return row_cell_key(identity_row(model, eval)); }
+
+namespace {
+std::string cell_label_of(const SweepCell& cell) {
+  auto f = identity_row(cell.model, cell.eval).fields();
+  std::string label = "task=" + f["task"] + " policy=" + f["policy"];
+  for (const char* column : {"budget", "budget_tokens", "heavy_share"})
+    if (!f[column].empty()) label += std::string(" ") + column + "=" + f[column];
+  return label + " shots=" + f["shots"] + " seed=" + f["seed"];
+}
+}  // namespace
+
+std::map<std::string, std::string> cell_identity(const SweepCell& cell) {
+  return identity_row(cell.model, cell.eval).fields();
+}
+
+namespace {
+SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir);
+}  // namespace
+
+SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
+  SweepPlan plan;
+  try {
+    plan = expand_sweep_grid(config, path, data_dir);
+  } catch (const nlohmann::json::exception& e) {
+    // A value of the wrong type deep in the config: name the file, not only the JSON library.
+    throw Error(path + ": a key has the wrong type (" + json_error_message(e) + ")");
+  }
+  // A grid listing a value twice (budgets [0.2, 0.2]) would run and write the cell twice.
+  std::set<std::string> seen;
+  std::vector<SweepCell> unique;
+  for (auto& cell : plan.cells) {
+    if (seen.insert(cell.key()).second) {
+      unique.push_back(std::move(cell));
+    } else {
+      plan.skipped.push_back("duplicate cell " + cell_label_of(cell) + ": listed twice in the config, run once");
+    }
+  }
+  plan.cells = std::move(unique);
+  return plan;
+}
+
+namespace {
+SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
+  if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
+  static const std::set<std::string> known = {
+      "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
+      "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
+      "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype", "pipelines",
+      "pipeline", "greedy",
+      "analyze"};  // "analyze": run by `kvevict analyze --config`
+  for (auto& [key, _] : config.items())
+    if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
+  SweepPlan plan;
+  plan.config = config;
+  plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
+  auto models = axis<std::string>(config, path, "models", {"models/stories260K-hf"});
+  auto tasks = axis<std::string>(config, path, "tasks", {});
+  if (tasks.empty()) throw Error(path + ": \"tasks\" is required");
+  for (const auto& t : tasks) make_task(t);  // unknown task fails here, naming the known ones
+  auto policies = axis<std::string>(config, path, "policies", {reference_policy_name()});
+  auto budgets = axis<double>(config, path, "budgets", {});
+  auto budget_tokens = int_axis(config, path, "budget_tokens", {}, std::numeric_limits<int>::min());
+  auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
+  auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
+  auto shots = int_axis(config, path, "shots", {0}, 0);
+  auto seeds = int_axis(config, path, "seeds", {42}, std::numeric_limits<int>::min());
+  // "pipelines": ["lm-eval", "h2o"] (or "pipeline": "h2o"); part of each cell's identity.
+  if (config.contains("pipelines") && config.contains("pipeline"))
+    throw Error(path + ": give \"pipelines\" or \"pipeline\", not both");
+  std::vector<Pipeline> pipelines;
+  for (const auto& name : axis<std::string>(config, path, config.contains("pipeline") ? "pipeline" : "pipelines", {"lm-eval"})) {
+    try {
+      pipelines.push_back(parse_pipeline(name));
+    } catch (const Error& e) {
+      throw Error(path + ": key \"pipelines\": " + e.what());
+    }
+  }
+  // "limit": N for every task, or {"xsum": 5, "*": 100} per task.
+  auto limit_for = [&](const std::string& task) {
+    if (!config.contains("limit")) return -1;
+    const auto& l = config["limit"];
+    int limit = -2;
+    const int most = std::numeric_limits<int>::max();
+    if (l.is_number()) limit = checked_int(l, path, "limit", -1, most);
+    else if (l.is_object() && l.contains(task)) limit = checked_int(l[task], path, "limit." + task, -1, most);
+    else if (l.is_object()) limit = l.contains("*") ? checked_int(l["*"], path, "limit.*", -1, most) : -1;
+    else throw Error(path + ": \"limit\" must be an integer or an object of task -> integer");
+    // 0 documents would be an accuracy over n = 0; -1 means all.
+    if (limit == 0 || limit < -1)
+      throw Error(path + ": key \"limit\": " + std::to_string(limit) + " for task " + task +
+                  " must be a positive number of documents (or -1 for all)");
+    return limit;
+  };
+  for (double b : budgets) {
+    if (!(b > 0 && b <= 1)) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
+    check_budget_ratio_keeps_a_token(b, path + ": key \"budgets\":");
+  }
+  for (int t : budget_tokens)
+    if (t <= 0) throw Error(path + ": budget_tokens " + std::to_string(t) + " must be positive");
+  for (double s : shares)
+    if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
+
+  PolicyOptions base_options;
+  if (config.contains("policy_options")) base_options.params = read_policy_options(config["policy_options"], path);
+  struct BudgetChoice {
+    double ratio = -1;
+    int tokens = -1;
+  };
+  std::vector<BudgetChoice> budget_choices;
+  for (double b : budgets) budget_choices.push_back({b, -1});
+  for (int t : budget_tokens) budget_choices.push_back({-1, t});
+
+  for (const auto& model : models)
+    for (const auto& task : tasks)
+     for (Pipeline pipeline : pipelines)
+      for (const auto& protocol : protocols)
+        for (int shot : shots)
+          for (int seed : seeds)
+            for (const auto& policy : policies) {
+              const auto made = make_policy(policy, base_options);  // unknown policy fails here
+              std::vector<std::pair<BudgetChoice, double>> variants;
+              if (made->keeps_everything()) {
+                variants.push_back({{}, -1});
+              } else {
+                if (budget_choices.empty())
+                  throw Error(path + ": policy " + policy + " needs \"budgets\" or \"budget_tokens\"");
+                for (const auto& b : budget_choices) {
+                  if (made->splits_budget())
+                    for (double s : shares) variants.push_back({b, s});
+                  else
+                    variants.push_back({b, -1});
+                }
+              }
+              // A sim-only policy cannot generate: no generation-task cell for it.
+              if (!made->realisable() &&
+                  make_task(task)->kind() == TaskKind::Generation) {
+                plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");
+                continue;
+              }
+              for (const auto& [b, share] : variants) {
+                SweepCell cell;
+                cell.model = model;
+                EvalConfig& e = cell.eval;
+                e.task = task;
+                e.task_options.data_dir = data_dir;
+                e.task_options.shots = shot;
+                e.task_options.seed = seed;
+                e.task_options.limit = limit_for(task);
+                e.task_options.lm_eval_shuffle = !config.value("file_order", false);
+                e.task_options.pipeline = pipeline;
+                e.policy = policy;
+                e.policy_options = base_options;
+                set_run_seed(e.policy_options.params, made->parameters(), seed);
+                e.policy_options.budget.ratio = b.ratio;
+                e.policy_options.budget.tokens = b.tokens;
+                e.policy_options.budget.heavy_share = share;
+                e.mode = parse_mode(config.value("mode", std::string("sim")));
+                e.protocol = parse_protocol(protocol);
+                // The H2O adaptor's log-likelihood is a mean unless the config says otherwise.
+                e.score = parse_score_mode(config.value(
+                    "score", std::string(pipeline == Pipeline::H2O ? "mean" : "sum")));
+                e.max_length = config.contains("max_length")
+                                   ? checked_int(config["max_length"], path, "max_length", 2, std::numeric_limits<int>::max())
+                                   : 1024;
+                e.temperature = config.value("temperature", 0.0);
+                if (!(e.temperature >= 0 && std::isfinite(e.temperature)))
+                  throw Error(path + ": key \"temperature\" must be a finite number >= 0");
+                e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
+                e.sample_seed = static_cast<uint64_t>(seed);
+                if (config.contains("bos")) e.bos = config["bos"].get<bool>();
+                plan.cells.push_back(cell);
+              }
+            }
+  return plan;
+}
+}  // namespace
+
+}  // namespace kvevict
