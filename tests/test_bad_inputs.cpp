@@ -324,6 +324,10 @@ std::vector<Case> cases() {
   sweep_case("unknown top-level key", {{"budgetz", {0.5}}}, "budgetz");
   sweep_case("mode of the wrong type (was a bare JSON error)", {{"mode", 5}}, "wrong type");
   sweep_case("limit of the wrong type", {{"limit", {{"copa", "x"}}}}, "wrong type");
+  sweep_case("predictions not true/false (was a JSON-library error after the folder was made)",
+             {{"predictions", "yes"}}, "\"predictions\"");
+  sweep_case("greedy not true/false", {{"greedy", 1}}, "\"greedy\"");
+  sweep_case("bos not true/false", {{"bos", "x"}}, "\"bos\"");
   sweep_case("limit 0 (was a failed cell per policy)", {{"limit", 0}}, "\"limit\"");
   // JSON numbers used to convert to int silently (found by fuzz_sweep_config).
   sweep_case("max_length 2.2e45 (was undefined behaviour)", {{"max_length", 2.2e45}}, "max_length");

@@ -130,6 +130,10 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
       "analyze"};  // "analyze": run by `kvevict analyze --config`
   for (auto& [key, _] : config.items())
     if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
+  for (const char* key : {"predictions", "greedy", "bos"})
+    if (config.contains(key) && !config[key].is_boolean())
+      throw Error(path + ": key \"" + key + "\" has the wrong type (true or false is needed, not " +
+                  config[key].dump() + ")");
   SweepPlan plan;
   plan.config = config;
   plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
