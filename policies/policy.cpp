@@ -132,7 +132,7 @@ class ScoredLayerState : public LayerState {
   ScoredLayerState(const ScoredPolicy& policy, int layer, const SequenceShape& shape)
       : policy_(policy), shape_(shape), budget_(policy.layer_budget(layer, shape)),
         channels_(policy.channels()), use_max_(policy.options().params.text(kGroupReduce) == "max"),
-        heads_(shape.n_kv_heads) {
+        heads_(shape.n_kv_heads), scratch_(shape.n_kv_heads) {
     for (int h = 0; h < shape.n_kv_heads; ++h) {
       heads_[h].layer = layer;
       heads_[h].kv_head = h;
@@ -178,21 +178,13 @@ class ScoredLayerState : public LayerState {
         policy_.score(head, head_scores_.data());
         for (int s = 0; s < n; ++s) scores_[s] += head_scores_[s] / heads_.size();
       }
-      const int evicted = single_evicted_slot(heads_[0].positions, scores_.data(), budget_);
-      if (evicted < 0) select_kept_slots(heads_[0].positions, scores_.data(), budget_, &kept_, &candidates_);
-      for (size_t h = 0; h < heads_.size(); ++h) {
-        if (evicted >= 0)
-          erase_slot(heads_[h], evicted);
-        else
-          gather(heads_[h], kept_);
-        if (keep) (*keep)[h] = evicted >= 0 ? all_but(n, evicted) : kept_;
-      }
+      const int evicted = decide(heads_[0].positions, scores_.data(), scratch_[0]);
+      for (size_t h = 0; h < heads_.size(); ++h) apply(heads_[h], evicted, scratch_[0].kept, keep ? &(*keep)[h] : nullptr);
       return true;
     }
     // Heads decide independently: with enough state per step (windowed scores) they
     // share the threads, each with its own scratch.
     const int n_heads = static_cast<int>(heads_.size());
-    scratch_.resize(n_heads);
     constexpr long kParallelStateFloats = 16384;
     const bool parallel = static_cast<long>(n) * channels_ * n_heads >= kParallelStateFloats;
 #pragma omp parallel for schedule(static) if (parallel)
@@ -212,19 +204,30 @@ class ScoredLayerState : public LayerState {
   };
 
   void compress_head(HeadSlots& head, Scratch& scratch, std::vector<int>* keep) const {
-    const int n = static_cast<int>(head.positions.size());
-    scratch.scores.resize(n);
+    scratch.scores.resize(head.positions.size());
     policy_.score(head, scratch.scores.data());
-    // The steady state evicts one slot per step: a scan and an erase, not a sort and a copy.
-    const int evicted = single_evicted_slot(head.positions, scratch.scores.data(), budget_);
+    apply(head, decide(head.positions, scratch.scores.data(), scratch), scratch.kept, keep);
+  }
+
+  // The steady state evicts one slot per step: a scan (its index is returned). Otherwise
+  // the general selection fills scratch.kept and -1 is returned.
+  int decide(const std::vector<int>& positions, const float* scores, Scratch& scratch) const {
+    const int evicted = single_evicted_slot(positions, scores, budget_);
+    if (evicted < 0) select_kept_slots(positions, scores, budget_, &scratch.kept, &scratch.candidates);
+    return evicted;
+  }
+
+  // Carries out decide()'s answer on one head: an erase in place, or a gather of the kept
+  // slots. keep (if not null) gets the kept slot indices, ascending.
+  void apply(HeadSlots& head, int evicted, const std::vector<int>& kept, std::vector<int>* keep) const {
+    const int n = static_cast<int>(head.positions.size());
     if (evicted >= 0) {
       erase_slot(head, evicted);
       if (keep) *keep = all_but(n, evicted);
-      return;
+    } else {
+      gather(head, kept);
+      if (keep) *keep = kept;
     }
-    select_kept_slots(head.positions, scratch.scores.data(), budget_, &scratch.kept, &scratch.candidates);
-    gather(head, scratch.kept);
-    if (keep) *keep = scratch.kept;
   }
 
   void erase_slot(HeadSlots& head, int slot) const {
@@ -260,8 +263,7 @@ class ScoredLayerState : public LayerState {
   bool use_max_;
   std::vector<HeadSlots> heads_;
   std::vector<float> aggregated_, scores_, head_scores_;
-  std::vector<int> kept_, candidates_;
-  std::vector<Scratch> scratch_;  // per head
+  std::vector<Scratch> scratch_;  // per head (the first also serves a decision shared by all heads)
 };
 
 }  // namespace
