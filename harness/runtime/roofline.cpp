@@ -103,26 +103,24 @@ ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat) {
   std::vector<uint64_t> buffer(static_cast<size_t>(words), 1);  // written: every page is real
   const uint64_t* data = buffer.data();
   const int threads = at::get_num_threads();
+  const int runs = std::max(repeat, 3);
   ReadBandwidth result;
   uint64_t sink = 0;
-  double best = 1e30;
-  for (int r = 0; r < std::max(repeat, 3); ++r) {
-    std::vector<uint64_t> partial(static_cast<size_t>(threads), 0);
-    std::vector<char> took_part(static_cast<size_t>(threads), 0);
-    const auto t0 = std::chrono::steady_clock::now();
+  std::vector<uint64_t> partial(static_cast<size_t>(threads));
+  std::vector<char> took_part(static_cast<size_t>(threads));
+  const double best = best_seconds(runs, [&] {
+    std::fill(partial.begin(), partial.end(), 0);
+    std::fill(took_part.begin(), took_part.end(), 0);
     // One contiguous slice per thread: each thread streams its own part of the buffer.
     at::parallel_for(0, words, (words + threads - 1) / threads, [&](int64_t begin, int64_t end) {
       const auto thread = static_cast<size_t>(at::get_thread_num());
       partial[thread] += sum_words(data, begin, end);
       took_part[thread] = 1;
     });
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (uint64_t p : partial) sink += p;
-    int used = 0;
-    for (char t : took_part) used += t;
-    result.threads = std::max(result.threads, used);
-  }
-  if (sink != static_cast<uint64_t>(words) * static_cast<uint64_t>(std::max(repeat, 3)))
+    result.threads = std::max(result.threads, static_cast<int>(std::count(took_part.begin(), took_part.end(), 1)));
+  });
+  if (sink != static_cast<uint64_t>(words) * static_cast<uint64_t>(runs))
     throw std::logic_error("measure_read_bandwidth: the sum over the buffer is wrong");  // keeps the sums alive
   result.bytes_per_s = static_cast<double>(words * 8) / best;
   return result;
