@@ -11,12 +11,6 @@ namespace kvevict {
 inline const ParamSpec kWindow =
     ParamSpec::integer("window", 32, "snapkv/pyramidkv/scissorhands: observation window (queries)").at_least(1);
 
-// Writes this step's attention into its ring channel for every slot.
-inline void record_window(HeadSlots& head, const float* attention, int window) {
-  const int channel = head.steps % window;
-  for (size_t s = 0; s < head.positions.size(); ++s) head.values[s * window + channel] = attention[s];
-}
-
 // out[s] = (channel `start_channel` of slot s, or 0 when it is negative) + channels
 // first .. last-1, added in channel order. Eight slots at a time: eight independent sums
 // instead of one serial chain of adds, each with the rounding of the plain loop.

@@ -76,6 +76,13 @@ TEST_CASE("a NaN score leaves the decision to the general selection", "[policies
 
 namespace {
 
+// The plain ring (window floats per slot, channel = step % window) that window_sum reads
+// and the running-sum ring must agree with.
+void record_window(kvevict::HeadSlots& head, const float* attention, int window) {
+  const int channel = head.steps % window;
+  for (size_t s = 0; s < head.positions.size(); ++s) head.values[s * window + channel] = attention[s];
+}
+
 // h2o-paper's rule as first written (PROTOCOLS.md §1): a partial sort of the previous
 // heavy set for every row, one head after another.
 void h2o_paper_reference(int T, int n_q, int heavy, int recent, const float* logits, float* probs) {
