@@ -678,12 +678,21 @@ std::vector<AddedToken> read_added_tokens(const json& root, const std::string& p
         !entry.contains("id") || !entry["id"].is_number_unsigned())
       throw Error(path + ": an added_tokens entry lacks a string content or a valid id");
     const std::string content = entry["content"].get<std::string>();
+    // An absent or null flag takes its default; any other non-boolean is an error, not a
+    // JSON-library exception (found by fuzz_bpe_json).
+    auto flag_or = [&](const char* flag, bool fallback) {
+      if (!entry.contains(flag) || entry[flag].is_null()) return fallback;
+      if (!entry[flag].is_boolean())
+        throw Error(path + ": added token \"" + content + "\": \"" + flag + "\" must be true or false, not " +
+                    entry[flag].dump());
+      return entry[flag].get<bool>();
+    };
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
-      if (entry.value(flag, false))
+      if (flag_or(flag, false))
         throw Error(path + ": added token \"" + content + "\" uses " + flag +
                     ", which this loader does not support");
-    const bool special = entry.value("special", false);
-    added_tokens.push_back({content, entry["id"].get<int>(), entry.value("normalized", !special)});
+    const bool special = flag_or("special", false);
+    added_tokens.push_back({content, entry["id"].get<int>(), flag_or("normalized", !special)});
   }
   return added_tokens;
 }
