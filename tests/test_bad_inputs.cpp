@@ -157,6 +157,19 @@ std::vector<Case> cases() {
                  return "generate --max-new-tokens 1 --model " + m;
                },
                {"tokenizer", "512", "vocab_size is 100"}});
+  // Found by fuzz_bpe_json: a number where tokenizer.json has a boolean flag threw nlohmann's
+  // type_error (an abort in the fuzzer; a message without the file name from the CLI) before ffa0d96.
+  c.push_back({"tokenizer", "tokenizer.json added token with a numeric 'special' (was a JSON-library error)",
+               [](const std::string& d) {
+                 const std::string m = d + "/bpe";
+                 kvevict::test::run_kvevict("make-random-model --out " + m +
+                                            " --layers 1 --hidden 16 --heads 2 --kv-heads 2 --intermediate 8 --vocab 100");
+                 json tokenizer = kvevict::test::read_json(kvevict::test::data("tokenizers/gpt-neox-20b/tokenizer.json"));
+                 tokenizer["added_tokens"][0]["special"] = 1;
+                 write(m + "/tokenizer.json", tokenizer.dump());
+                 return "generate --max-new-tokens 1 --model " + m;
+               },
+               {"tokenizer.json", "<|endoftext|>", "special", "true or false"}});
 
   // model.safetensors: offsets, sizes and names.
   auto tensor = [](const std::string& name, const std::string& shape, int64_t begin, int64_t end) {
