@@ -5,6 +5,7 @@
 #include "harness/runtime/attention.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
+#include "harness/model/threads.h"
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
@@ -122,6 +123,31 @@ TEST_CASE("stories260K full attention matches the float64 reference", "[model][g
     INFO("row " << row << " max diff " << worst);
     CHECK(worst < 1e-3);
   }
+}
+
+TEST_CASE("sim-mode attention gives the same numbers on one thread and on two", "[model][threads]") {
+  // Each KV head's products run on one thread (heads_bmm), as with --threads 1. Before, OpenBLAS
+  // split every head's product over both threads and the log-probs moved by up to 1e-5.
+  // (Decode steps' one-row products stay in torch::bmm and may still differ in the last bits.)
+  const Model& model = test::stories();
+  // 400 tokens: OpenBLAS keeps products of 200-token sequences on one thread anyway.
+  auto tokens = model.encode(test::read_text(test::data("text/tinystories_sample.txt")), true);
+  REQUIRE(tokens.size() >= 400);
+  tokens.resize(400);
+  PolicyOptions budget;
+  budget.budget.ratio = 0.3;
+  for (const std::string name : {"full", "h2o", "h2o-paper", "tova"}) {
+    auto policy = make_policy(name, name == "full" ? PolicyOptions{} : budget);
+    set_thread_count(1);
+    const auto one = score_sequence(model, *policy, Mode::Sim, tokens).next_token_logprob;
+    set_thread_count(2);
+    const auto two = score_sequence(model, *policy, Mode::Sim, tokens).next_token_logprob;
+    size_t differ = 0;
+    for (size_t i = 0; i < one.size(); ++i) differ += one[i] != two[i];
+    INFO(name << ": " << differ << " of " << one.size() << " log-probs differ");
+    CHECK(differ == 0);
+  }
+  set_thread_count(0);
 }
 
 TEST_CASE("generate reproduces llama2.c's documented greedy stories260K output", "[model][cli]") {

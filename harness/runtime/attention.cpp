@@ -23,6 +23,30 @@ torch::Tensor ungroup_output(const torch::Tensor& out, int64_t t, int64_t hq) {
   return out.reshape({hq, t, d}).permute({1, 0, 2}).reshape({t, hq * d});
 }
 
+// Products below this many multiply-adds per head stay one torch::bmm: ATen computes
+// bmm's tiny products (under 400) with its own loop, not sgemm, and one call is cheaper there.
+constexpr int64_t kPerHeadProductMin = int64_t{1} << 16;
+
+// a [B, m, k] @ b [B, k, n], each batch entry (a KV head) on one thread. torch::bmm makes one
+// sgemm call per head and OpenBLAS splits each over all threads, so attention-sized products
+// (170 x 64 x 1024) spent their time in thread hand-offs. Inside the parallel region OpenBLAS
+// runs single-threaded; every head is the same sgemm call with the same operands as in bmm,
+// so the numbers are identical.
+torch::Tensor heads_bmm(const torch::Tensor& a, const torch::Tensor& b) {
+  const int64_t heads = a.size(0);
+  if (heads < 2 || at::get_num_threads() < 2 || at::in_parallel_region() || !a.device().is_cpu() ||
+      a.size(1) * a.size(2) * b.size(2) < kPerHeadProductMin)
+    return torch::bmm(a, b);
+  auto out = torch::empty({heads, a.size(1), b.size(2)}, a.options());
+  at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      auto slice = out.select(0, h);
+      at::mm_out(slice, a.select(0, h), b.select(0, h));
+    }
+  });
+  return out;
+}
+
 int64_t element_bytes(torch::ScalarType type) { return static_cast<int64_t>(c10::elementSize(type)); }
 
 // Attention scores, softmax and the weighted sum of values: float32 for float32 and
@@ -36,13 +60,13 @@ torch::ScalarType accumulation_type(torch::ScalarType compute) {
 torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys) {
   const auto acc = accumulation_type(q.scalar_type());
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
+  return heads_bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
 }
 
 // probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
 torch::Tensor weighted_values(const torch::Tensor& probs, const torch::Tensor& values, int64_t t,
                               int64_t hq, torch::ScalarType out_type) {
-  return ungroup_output(torch::bmm(probs, values.to(probs.scalar_type())), t, hq).to(out_type);
+  return ungroup_output(heads_bmm(probs, values.to(probs.scalar_type())), t, hq).to(out_type);
 }
 
 // Query rows per block of the blocked causal attention: about 2M scores (8 MB in
@@ -70,10 +94,10 @@ torch::Tensor causal_attention_blocks(const torch::Tensor& q, const torch::Tenso
   const int64_t block = query_block_rows(hq, n_prev + t);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), n = n_prev + r0 + rows;
-    auto logits = torch::bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n));
+    auto logits = heads_bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n));
     logits.mul_(scale);
     torch::Tensor probs = probabilities(logits, r0, rows, n);
-    out.narrow(0, r0, rows).copy_(ungroup_output(torch::bmm(probs, values_acc.narrow(1, 0, n)), rows, hq));
+    out.narrow(0, r0, rows).copy_(ungroup_output(heads_bmm(probs, values_acc.narrow(1, 0, n)), rows, hq));
   }
   return out.to(q.scalar_type());
 }
