@@ -194,6 +194,12 @@ std::vector<Case> cases() {
   st_case("shape and offsets disagree", "{" + tensor("a", "[5]", 0, 16) + "}", 16, "needs 20 bytes");
   st_case("header length past the file", "{}", 0, "header length", 1 << 20);
   st_case("header not JSON", "{\"a\":", 0, "malformed");
+  // Found by fuzz_safetensors: the JSON library cast these to integers, undefined behaviour.
+  st_case("data_offsets beyond 64 bits (was a cast of 1e57)",
+          "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,8888888888888888888888888888888888]}}", 16,
+          "data_offsets");
+  st_case("fractional shape (was read as 4)",
+          "{\"a\":{\"dtype\":\"F32\",\"shape\":[4.5],\"data_offsets\":[0,16]}}", 16, "4.5");
   c.push_back({"safetensors", "file shorter than 8 bytes",
                [](const std::string& d) {
                  const std::string m = safetensors_model(d, "m", "{}", 0);

@@ -533,17 +533,27 @@ int run_analyze_config(const AnalyzeArgs& base, const std::string& data_override
       a.tokens_file.clear();
       if (entry.contains("text_file")) a.text_file = data_path(entry["text_file"].get<std::string>(), data_override);
       a.task = entry.value("task", std::string());
-      a.limit = entry.value("limit", a.limit);
-      a.shots = entry.value("shots", a.shots);
-      a.max_tokens = entry.value("max_tokens", a.max_tokens);
+      constexpr long long kMost = std::numeric_limits<int>::max();
+      auto entry_int = [&](const char* key, int fallback, long long low) {
+        return entry.contains(key) ? static_cast<int>(json_int(entry[key], base.config + ": analyze entry \"" + name + "\"", key, low, kMost))
+                                   : fallback;
+      };
+      a.limit = entry_int("limit", a.limit, -1);
+      a.shots = entry_int("shots", a.shots, 0);
+      a.max_tokens = entry_int("max_tokens", a.max_tokens, 1);
       if (entry.contains("recall_policies")) {
         a.recall_policies.clear();
         for (const auto& p : entry["recall_policies"]) a.recall_policies += (a.recall_policies.empty() ? "" : ",") + p.get<std::string>();
       }
       if (entry.contains("recall_budgets")) a.recall_budgets = entry["recall_budgets"].get<std::vector<double>>();
-      if (entry.contains("deltas")) a.deltas = entry["deltas"].get<std::vector<int>>();
+      if (entry.contains("deltas")) {
+        if (!entry["deltas"].is_array()) throw Error(base.config + ": analyze entry \"" + name + "\": \"deltas\" must be a list of integers");
+        a.deltas.clear();
+        for (const auto& d : entry["deltas"])
+          a.deltas.push_back(static_cast<int>(json_int(d, base.config + ": analyze entry \"" + name + "\"", "deltas", 1, kMost)));
+      }
     } catch (const nlohmann::json::exception& e) {
-      throw Error(base.config + ": an \"analyze\" entry is malformed (" + e.what() + ")");
+      throw Error(base.config + ": an \"analyze\" entry is malformed (" + json_error_message(e) + ")");
     }
     std::cerr << "analyze " << a.out << std::endl;
     run_analyze_once(a, data_override);

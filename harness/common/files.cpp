@@ -58,4 +58,20 @@ std::vector<int> read_tokens_file(const std::string& path) {
   return ids;
 }
 
+
+long long json_int(const nlohmann::json& v, const std::string& where, const std::string& key, long long low,
+                   long long high) {
+  if (!v.is_number_integer())
+    throw Error(where + ": key \"" + key + "\" has the wrong type (an integer is needed, not " + v.dump() + ")");
+  // Non-negative integers are stored unsigned and may exceed long long.
+  const bool fits = v.is_number_unsigned()
+                        ? high >= 0 && v.get<unsigned long long>() <= static_cast<unsigned long long>(high) &&
+                              (low <= 0 || v.get<unsigned long long>() >= static_cast<unsigned long long>(low))
+                        : v.get<long long>() >= low && v.get<long long>() <= high;
+  if (!fits)
+    throw Error(where + ": key \"" + key + "\": " + v.dump() + " is outside [" + std::to_string(low) + ", " +
+                std::to_string(high) + "]");
+  return v.get<long long>();
+}
+
 }  // namespace kvevict

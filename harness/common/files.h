@@ -11,6 +11,12 @@ namespace kvevict {
 // "[json.exception.parse_error.101] " tag.
 std::string json_error_message(const std::exception& error);
 
+// A JSON value that must be an integer in [low, high]. The JSON library converts numbers
+// silently (2.5 becomes 2, 4294967338 becomes 42) and casting 1e45 is undefined behaviour
+// (found by the fuzzers); kvevict::Error "WHERE: key \"KEY\" ..." otherwise.
+long long json_int(const nlohmann::json& value, const std::string& where, const std::string& key, long long low,
+                   long long high);
+
 // The file's bytes; kvevict::Error "PATH: cannot open file" when it cannot be read.
 std::string read_text_file(const std::string& path);
 // The file parsed as JSON; kvevict::Error "PATH: malformed JSON: ..." when it is not.

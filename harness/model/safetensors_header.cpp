@@ -1,6 +1,7 @@
 #include "harness/model/safetensors_header.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "harness/common/errors.h"
@@ -58,11 +59,21 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, co
     info.file = path;
     try {
       info.dtype = entry.at("dtype").get<std::string>();
-      info.shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2) throw std::runtime_error("data_offsets needs two numbers");
-      info.begin = offsets[0];
-      info.end = offsets[1];
+      // Integers only: the JSON library casts a float (and an integer too large for 64 bits,
+      // which it parses as one) without a range check, undefined behaviour (fuzz_safetensors).
+      const auto& shape = entry.at("shape");
+      if (!shape.is_array()) throw std::runtime_error("shape must be a list of integers");
+      for (const auto& d : shape) {
+        if (!d.is_number_integer() || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX))
+          throw std::runtime_error("shape size " + d.dump() + " is not a 64-bit integer");
+        info.shape.push_back(d.get<int64_t>());
+      }
+      const auto& offsets = entry.at("data_offsets");
+      if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+          !offsets[1].is_number_unsigned())
+        throw std::runtime_error("data_offsets needs two non-negative 64-bit integers");
+      info.begin = offsets[0].get<uint64_t>();
+      info.end = offsets[1].get<uint64_t>();
     } catch (const std::exception& e) {
       throw Error(path + ": tensor " + name + ": malformed header entry: " + json_error_message(e));
     }

@@ -244,11 +244,13 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out, bool
     if (config.is_null()) config = record["config"];
     else if (record["config"] != config)
       throw Error(path + ": its sweep config differs from " + dirs[0] + "'s; refusing to merge");
-    int count = record["shard"][1].get<int>();
+    if (!record.contains("shard") || !record["shard"].is_array() || record["shard"].size() != 2)
+      throw Error(path + ": not a shard record (no \"shard\": [index, count])");
+    const int count = static_cast<int>(json_int(record["shard"][1], path, "shard", 1, std::numeric_limits<int>::max()));
     if (shard_count >= 0 && count != shard_count)
       throw Error(path + ": shard count " + std::to_string(count) + " differs from " + std::to_string(shard_count));
     shard_count = count;
-    if (!shards_seen.insert(record["shard"][0].get<int>()).second)
+    if (!shards_seen.insert(static_cast<int>(json_int(record["shard"][0], path, "shard", 0, count - 1))).second)
       throw Error(path + ": shard " + record["shard"][0].dump() + " appears twice");
     for (auto& row : read_results_csv((fs::path(dir) / "results.csv").string())) {
       std::string key = row_cell_key(row) + row.metric;
