@@ -61,8 +61,10 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
   // (h2o-global) sees the last row too; its logits are not used.
   const bool whole_fits = model.arch().positions != PositionKind::Learned ||
                           static_cast<int64_t>(whole.size()) <= model.arch().max_positions;
-  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length)
-                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back());
+  // Only the continuation's log-probs are read (entries first - 1 on, see below).
+  const int first_logprob = static_cast<int>(whole.size()) - n_cont - 1;
+  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length, -1, first_logprob)
+                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back(), first_logprob);
   *kv = score.kv;
   LoglikelihoodResult result;
   result.num_tokens = n_cont;
