@@ -9,6 +9,7 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
+#include "harness/eval/request_workers.h"
 #include "policies/option_checks.h"
 #include "policies/registry.h"
 
@@ -32,7 +33,7 @@ struct Usage {
 // lm-eval 0.3 loglikelihood: context and continuation encoded separately, one pass
 // over (ctx+cont)[-(max_length+1):][:-1], the continuation's log-probs summed.
 LoglikelihoodResult score_request(const Model& model, const Policy& policy, const EvalConfig& config,
-                                  const LoglikelihoodRequest& request, bool bos, Usage* usage) {
+                                  const LoglikelihoodRequest& request, bool bos, KvStats* kv) {
   const Tokenizer& tokenizer = model.require_tokenizer();
   std::vector<int> context = model.encode(request.context, bos);
   std::vector<int> continuation = tokenizer.encode(request.continuation);
@@ -60,9 +61,11 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
   // (h2o-global) sees the last row too; its logits are not used.
   const bool whole_fits = model.arch().positions != PositionKind::Learned ||
                           static_cast<int64_t>(whole.size()) <= model.arch().max_positions;
-  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length)
-                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back());
-  usage->add(score.kv);
+  // Only the continuation's log-probs are read (entries first - 1 on, see below).
+  const int first_logprob = static_cast<int>(whole.size()) - n_cont - 1;
+  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length, -1, first_logprob)
+                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back(), first_logprob);
+  *kv = score.kv;
   LoglikelihoodResult result;
   result.num_tokens = n_cont;
   result.is_greedy = true;
@@ -98,18 +101,27 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   if (task->kind() == TaskKind::MultipleChoice) {
     const bool bos = config.bos.value_or(false);
     auto docs = task->multiple_choice_docs(config.task_options);
-    std::vector<ChoicePrediction> predictions;
-    for (size_t d = 0; d < docs.size(); ++d) {
-      std::vector<LoglikelihoodResult> answers;
+    // Each document is scored into its own slot (possibly on several threads), then
+    // everything is gathered in document order, as a serial loop would.
+    std::vector<std::vector<LoglikelihoodResult>> doc_answers(docs.size());
+    std::vector<std::vector<KvStats>> doc_kv(docs.size());
+    for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
       for (const auto& request : docs[d].requests) {
+        KvStats kv;
         if (config.task_options.pipeline == Pipeline::H2O) {
           H2OScoredRequest scored = score_h2o_request(model, *policy, config.mode, request);
-          usage.add(scored.kv);
-          answers.push_back(scored.result);
+          kv = scored.kv;
+          doc_answers[d].push_back(scored.result);
         } else {
-          answers.push_back(score_request(model, *policy, config, request, bos, &usage));
+          doc_answers[d].push_back(score_request(model, *policy, config, request, bos, &kv));
         }
+        doc_kv[d].push_back(kv);
       }
+    }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+    std::vector<ChoicePrediction> predictions;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      for (const KvStats& kv : doc_kv[d]) usage.add(kv);
+      const std::vector<LoglikelihoodResult>& answers = doc_answers[d];
       DocOutcome outcome;
       outcome.id = docs[d].id;
       outcome.gold = docs[d].gold;
@@ -117,7 +129,6 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       for (const auto& a : answers) outcome.choice_scores.push_back(choice_score(a, config.score));
       predictions.push_back(outcome.prediction);
       result.docs.push_back(outcome);
-      if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
     }
     result.metrics = multiple_choice_metrics(docs, predictions, task->metric_names());
     result.n = static_cast<int>(docs.size());
@@ -127,8 +138,9 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     const bool h2o = config.task_options.pipeline == Pipeline::H2O;
     const bool bos = config.bos.value_or(!h2o);
     auto docs = task->generation_docs(config.task_options);
-    std::vector<double> r1, r2, rl;
-    for (size_t d = 0; d < docs.size(); ++d) {
+    // Sampling draws from a per-document seed, so documents can run on several threads.
+    std::vector<Generation> generations(docs.size());
+    for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
       std::vector<int> prompt = model.encode(docs[d].prompt, bos);
       const int room = config.max_length - docs[d].max_new_tokens;
       if (room < 1) throw Error("--max-length " + std::to_string(config.max_length) + " leaves no room for the prompt");
@@ -144,7 +156,11 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
         options.stream = false;
       }
       if (config.greedy) options.temperature = 0;
-      Generation generation = generate(model, *policy, prompt, options);
+      generations[d] = generate(model, *policy, prompt, options);
+    }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+    std::vector<double> r1, r2, rl;
+    for (size_t d = 0; d < docs.size(); ++d) {
+      const Generation& generation = generations[d];
       usage.add(generation.kv);
       DocOutcome outcome;
       outcome.id = docs[d].id;
@@ -155,7 +171,6 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       r2.push_back(100 * outcome.rouge.rouge2);
       rl.push_back(100 * outcome.rouge.rougeL);
       result.docs.push_back(outcome);
-      if (progress) progress(static_cast<int>(d + 1), static_cast<int>(docs.size()));
     }
     result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
     std::vector<std::string> generated;

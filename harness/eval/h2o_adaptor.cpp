@@ -19,13 +19,15 @@ H2OScoredRequest score_h2o_request(const Model& model, const Policy& policy, Mod
   const int L = static_cast<int>(joint.size());
   if (L < 2) throw Error("request \"" + request.context + request.continuation + "\" encodes to fewer than 2 tokens");
 
-  SequenceScore score = score_sequence(model, policy, mode, joint, /*prefill_len=*/0, /*budget_length=*/L);
+  const int n_all = std::min(n_ctx + n_cont, kH2OWindow);
+  const int first_scored = std::max(0, n_all - n_cont - 1);
+  SequenceScore score = score_sequence(model, policy, mode, joint, /*prefill_len=*/0, /*budget_length=*/L,
+                                       /*final_target=*/-1, /*first_logprob=*/first_scored);
   H2OScoredRequest out;
   out.kv = score.kv;
   out.joint_length = L;
   out.result.is_greedy = true;
-  const int n_all = std::min(n_ctx + n_cont, kH2OWindow);
-  for (int i = std::max(0, n_all - n_cont - 1); i < n_all - 1 && i < kH2OWindow; ++i) {
+  for (int i = first_scored; i < n_all - 1 && i < kH2OWindow; ++i) {
     if (i + 1 >= L) break;
     out.result.sum_logprob += score.next_token_logprob[i];
     out.result.num_tokens += 1;

@@ -77,8 +77,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
                                        [&](const std::string& n) { return weights.has(n); });
   const ArchSpec& arch = model->arch_;
   // A tiny model's ops are too small to split: an OpenMP team costs more than it saves
-  // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine).
-  if (options.threads == 0 && arch.hidden < 256) set_thread_count(1);
+  // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine). Its
+  // threads run whole requests instead, each op on one thread, so no number changes.
+  if (arch.hidden < 256) {
+    model->request_workers_ = options.threads > 0 ? options.threads : physical_core_count();
+    set_thread_count(1);
+  }
 
   model->layers_.resize(arch.n_layers);
   std::set<std::string> expected;

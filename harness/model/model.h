@@ -54,6 +54,10 @@ class Model {
   torch::Device device() const { return device_; }
   torch::ScalarType dtype() const { return dtype_; }
   double load_seconds() const { return load_seconds_; }
+  // How many whole requests an evaluation may run at once: 1, unless the model's ops are
+  // too small to split (hidden < 256), when each op runs on one thread and the threads
+  // (--threads, default all physical cores) take one request each instead.
+  int request_workers() const { return request_workers_; }
 
   // Text to ids, with BOS first when the model uses one and `add_bos` is set.
   std::vector<int> encode(const std::string& text, bool add_bos) const;
@@ -84,6 +88,7 @@ class Model {
   torch::ScalarType dtype_ = torch::kFloat32;
   torch::Tensor inv_freq_;
   double load_seconds_ = 0;
+  int request_workers_ = 1;
 };
 
 }  // namespace kvevict

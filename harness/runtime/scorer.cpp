@@ -1,5 +1,7 @@
 #include "harness/runtime/scorer.h"
 
+#include <algorithm>
+#include <limits>
 #include <random>
 
 #include "harness/common/enum_names.h"
@@ -19,7 +21,7 @@ SequenceShape shape_for(const Model& model, int length, int prefill_len) {
 
 SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
                              const std::vector<int>& tokens, int prefill_len, int budget_length,
-                             int final_target) {
+                             int final_target, int first_logprob) {
   if (tokens.empty()) throw Error("nothing to score: the token sequence is empty");
   const int T = static_cast<int>(tokens.size());
   SequenceShape shape = shape_for(model, budget_length > 0 ? budget_length : T, prefill_len);
@@ -53,9 +55,9 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
   result.argmax.assign(best, best + T);
   // Log-softmax in float64, a block of rows at a time: a float64 copy of all T x vocab
   // logits would be the largest buffer of a long sequence.
-  result.next_token_logprob.resize(T - 1);
+  result.next_token_logprob.assign(T - 1, std::numeric_limits<double>::quiet_NaN());
   constexpr int kRowsPerBlock = 256;
-  for (int r0 = 0; r0 < T; r0 += kRowsPerBlock) {
+  for (int r0 = std::clamp(first_logprob, 0, T - 1); r0 < T; r0 += kRowsPerBlock) {
     const int rows = std::min(kRowsPerBlock, T - r0);
     auto logprobs = torch::log_softmax(logits.narrow(0, r0, rows).to(torch::kFloat64), -1);
     auto acc = logprobs.accessor<double, 2>();

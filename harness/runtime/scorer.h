@@ -23,10 +23,12 @@ struct SequenceScore {
 // attention (0: eviction from the first token, the "stream" protocol). Ratio budgets
 // refer to `budget_length` tokens (0: the whole sequence). With `final_target` >= 0,
 // next_token_logprob gains a last entry: log p(final_target | all tokens), as lm-eval
-// scores a continuation's last token from (ctx+cont)[:-1].
+// scores a continuation's last token from (ctx+cont)[:-1]. Entries before
+// `first_logprob` are left NaN (a caller that reads only a continuation's log-probs skips
+// the context's log-softmax; each row's value is the same either way).
 SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
                              const std::vector<int>& tokens, int prefill_len = 0,
-                             int budget_length = 0, int final_target = -1);
+                             int budget_length = 0, int final_target = -1, int first_logprob = 0);
 
 struct GenerateOptions {
   int max_new_tokens = 64;
