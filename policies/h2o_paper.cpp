@@ -38,11 +38,14 @@ class H2OPaperPolicy : public SimOnlyPolicy {
   // One head. Each row's unmasked softmax (its max m and exponentials e_j = exp(l_j - m))
   // is computed once: it is the output of the rows before the heavy budget fills, and
   // when the kept keys hold the row's max their masked softmax reuses the same e_j.
-  // Every value is the one row_softmax computes, in the same order.
+  // Every value is the one row_softmax computes, in the same order. Once the heavy
+  // budget fills, acc is non-zero only on the last row's heavy set, so the rows work on
+  // that list and the recent band (P arrives zeroed): only the max and the exponentials
+  // still pass over the whole row.
   static void simulate_head(int T, int heavy, int recent, const float* L, float* P) {
     std::vector<float> e(T), acc(T, 0.0f);
-    std::vector<char> keep(T), heavy_mask(T);
-    std::vector<int> candidates;
+    std::vector<char> keep(T);
+    std::vector<int> support, candidates, kept;  // support: every key whose acc may be non-zero, ascending
     for (int i = 0; i < T; ++i) {
       const float* row = L + static_cast<size_t>(i) * T;
       float* out = P + static_cast<size_t>(i) * T;
@@ -55,30 +58,67 @@ class H2OPaperPolicy : public SimOnlyPolicy {
         std::fill(keep.begin(), keep.begin() + i + 1, i < heavy ? 1 : 0);
         if (i < heavy)
           for (int j = 0; j <= i; ++j) acc[j] += e[j] / sum;
-      } else {
-        // Keys with positive acc are the previous row's heavy set plus its own key.
-        candidates.clear();
-        for (int j = 0; j < i; ++j)
-          if (acc[j] > 0) candidates.push_back(j);
-        std::fill(heavy_mask.begin(), heavy_mask.begin() + i + 1, 0);
-        mark_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc, heavy_mask);
-        heavy_mask[i] = 1;
-        for (int j = 0; j <= i; ++j) {
-          acc[j] = heavy_mask[j] ? acc[j] + e[j] / sum : 0.0f;
-          keep[j] = heavy_mask[j];
+        for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
+        // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
+        const float kept_max = row_max(row, i + 1, keep.data());
+        float kept_sum = 0;
+        if (kept_max == m) {
+          for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
+        } else {
+          for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
         }
-        for (int j = i + 1; j < T; ++j) acc[j] = 0.0f;
+        for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
+        continue;
       }
-      for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
-      // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
-      const float kept_max = row_max(row, i + 1, keep.data());
+      if (i == heavy) {  // acc holds rows < hb over keys < hb
+        support.resize(i);
+        for (int j = 0; j < i; ++j) support[j] = j;
+      }
+      // Keys with positive acc are the previous row's heavy set plus its own key.
+      candidates.clear();
+      for (int j : support)
+        if (acc[j] > 0) candidates.push_back(j);
+      keep_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc);
+      // acc = (acc + p_i) on the new heavy set (the kept candidates and key i), 0 elsewhere.
+      size_t c = 0;
+      for (int j : support) {
+        if (c < candidates.size() && candidates[c] == j) {
+          acc[j] = acc[j] + e[j] / sum;
+          ++c;
+        } else {
+          acc[j] = 0.0f;
+        }
+      }
+      acc[i] = acc[i] + e[i] / sum;
+      support.swap(candidates);
+      support.push_back(i);
+      // Kept: the heavy set and the recent band, ascending.
+      const int band = std::max(0, i - recent);
+      kept.clear();
+      for (int j : support)
+        if (j < band) kept.push_back(j);
+      for (int j = band; j <= i; ++j) kept.push_back(j);
+      // The masked softmax over them, as row_softmax(row, i, keep, out): the keys it
+      // leaves out add 0 to the sum and come out as 0 / kept_sum, which is the 0 already
+      // in P unless kept_sum is NaN.
+      float kept_max = -std::numeric_limits<float>::infinity();
+      for (int j : kept) kept_max = std::max(kept_max, row[j]);
       float kept_sum = 0;
       if (kept_max == m) {
-        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
+        for (int j : kept) kept_sum += (out[j] = e[j]);
       } else {
-        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
+        for (int j : kept) kept_sum += (out[j] = std::exp(row[j] - kept_max));
       }
-      for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
+      for (int j : kept) out[j] /= kept_sum;
+      if (std::isnan(kept_sum)) {
+        size_t next = 0;
+        for (int j = 0; j <= i; ++j) {
+          if (next < kept.size() && kept[next] == j)
+            ++next;
+          else
+            out[j] = 0.0f / kept_sum;
+        }
+      }
     }
   }
 
@@ -105,25 +145,25 @@ class H2OPaperPolicy : public SimOnlyPolicy {
     return m;
   }
 
-  // Marks the k candidates with the highest acc (ties: the lower index). Only the set
-  // matters, and the order is total, so no sort is needed; in the steady state all but
-  // one candidate stay, which is a scan for the one that goes (the lowest acc, the
-  // higher index among equals).
-  static void mark_top(std::vector<int>& candidates, int k, const std::vector<float>& acc,
-                       std::vector<char>& mask) {
+  // Leaves in `candidates` (ascending) the k with the highest acc (ties: the lower
+  // index). Only the set matters, and the order is total, so no sort by acc is needed;
+  // in the steady state all but one candidate stay, which is a scan for the one that
+  // goes (the lowest acc, the higher index among equals).
+  static void keep_top(std::vector<int>& candidates, int k, const std::vector<float>& acc) {
     const int n = static_cast<int>(candidates.size());
     if (k == n - 1 && n > 0) {
-      int dropped = candidates[0];
-      for (int c : candidates)
-        if (acc[c] <= acc[dropped]) dropped = c;  // candidates ascend: the last of equals
-      for (int c : candidates) mask[c] = 1;
-      mask[dropped] = 0;
+      int dropped = 0;
+      for (int c = 0; c < n; ++c)
+        if (acc[candidates[c]] <= acc[candidates[dropped]]) dropped = c;  // candidates ascend: the last of equals
+      candidates.erase(candidates.begin() + dropped);
       return;
     }
-    if (k < n)
+    if (k < n) {
       std::nth_element(candidates.begin(), candidates.begin() + k, candidates.end(),
                        [&](int a, int b) { return acc[a] != acc[b] ? acc[a] > acc[b] : a < b; });
-    for (int c = 0; c < k; ++c) mask[candidates[c]] = 1;
+      candidates.resize(k);
+      std::sort(candidates.begin(), candidates.end());
+    }
   }
 };
 
