@@ -9,6 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "policies/policy.h"
 
@@ -51,7 +56,15 @@ class H2OPaperPolicy : public SimOnlyPolicy {
       float* out = P + static_cast<size_t>(i) * T;
       const float m = row_max(row, i + 1, nullptr);
       float sum = 0;
-      for (int j = 0; j <= i; ++j) sum += (e[j] = std::exp(row[j] - m));
+      // Sixteen exponentials, then their adds in the same order: the sum stays in a
+      // register across the adds (not in memory across every call), and its chain
+      // overlaps the next calls.
+      constexpr int kChunk = 16;
+      for (int j0 = 0; j0 <= i; j0 += kChunk) {
+        const int j1 = std::min(i + 1, j0 + kChunk);
+        for (int j = j0; j < j1; ++j) e[j] = std::exp(row[j] - m);
+        for (int j = j0; j < j1; ++j) sum += e[j];
+      }
       if (i < heavy || heavy <= 0) {
         // Rows < hb see every earlier key (acc: rows < hb, keys < hb); with no heavy
         // hitters a row sees its recent band only.
@@ -132,8 +145,20 @@ class H2OPaperPolicy : public SimOnlyPolicy {
     float lanes[kLanes] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
     int j = 0;
     if (!keep) {
+#if defined(__SSE__)
+      // maxps(x, lane) is x > lane ? x : lane, which is std::max(lane, x) bit for bit
+      // (a NaN x leaves the lane): the same eight lanes, in registers.
+      __m128 low = _mm_set1_ps(kNone), high = low;
+      for (; j + kLanes <= n; j += kLanes) {
+        low = _mm_max_ps(_mm_loadu_ps(row + j), low);
+        high = _mm_max_ps(_mm_loadu_ps(row + j + 4), high);
+      }
+      _mm_storeu_ps(lanes, low);
+      _mm_storeu_ps(lanes + 4, high);
+#else
       for (; j + kLanes <= n; j += kLanes)
         for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], row[j + k]);
+#endif
     } else {
       for (; j + kLanes <= n; j += kLanes)
         for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], keep[j + k] ? row[j + k] : kNone);

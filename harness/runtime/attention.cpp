@@ -39,6 +39,26 @@ torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys
   return torch::bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
 }
 
+// The scaled causal logits [Hq, T, T] of queries q [T, Hq, d] against keys [Hkv, T, d],
+// float32 on the CPU (the sim-only policies' input): query row r against keys 0..r,
+// computed a block of rows at a time. Each logit is the same length-d product of the
+// same operands as in attention_logits' whole [T, T] product; the entries above the
+// diagonal, which the policies never read, are left unset.
+torch::Tensor causal_logits(const torch::Tensor& q, const torch::Tensor& keys) {
+  const int64_t T = q.size(0), hq = q.size(1), n_kv = keys.size(0), g = hq / n_kv;
+  const auto acc = accumulation_type(q.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  const auto keys_t = keys.transpose(1, 2).to(acc);  // [Hkv, d, T]
+  auto logits = torch::empty({n_kv, g, T, T}, torch::kFloat32);
+  constexpr int64_t kBlockRows = 256;  // few blocks, none small
+  for (int64_t r0 = 0; r0 < T; r0 += kBlockRows) {
+    const int64_t rows = std::min(kBlockRows, T - r0), n = r0 + rows;
+    auto block = torch::bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n)).mul_(scale);
+    logits.narrow(2, r0, rows).narrow(3, 0, n).copy_(block.view({n_kv, g, rows, n}));
+  }
+  return logits.view({hq, T, T});
+}
+
 // probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
 torch::Tensor weighted_values(const torch::Tensor& probs, const torch::Tensor& values, int64_t t,
                               int64_t hq, torch::ScalarType out_type) {
@@ -171,7 +191,7 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   }
   // Sim-only policies see the whole layer at once: all T x T logits on the CPU as one
   // contiguous float32 buffer (as the paper's code), freed before the values.
-  auto logits32 = attention_logits(q, k.permute({1, 0, 2})).to(torch::kCPU, torch::kFloat32).contiguous();  // [Hq, T, T]
+  auto logits32 = causal_logits(q, k.permute({1, 0, 2}));  // [Hq, T, T]
   if (sliding_window_ > 0)  // the window comes before the policy: those keys are gone
     logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
                           -std::numeric_limits<float>::infinity());
