@@ -9,6 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "policies/policy.h"
 
@@ -38,47 +43,95 @@ class H2OPaperPolicy : public SimOnlyPolicy {
   // One head. Each row's unmasked softmax (its max m and exponentials e_j = exp(l_j - m))
   // is computed once: it is the output of the rows before the heavy budget fills, and
   // when the kept keys hold the row's max their masked softmax reuses the same e_j.
-  // Every value is the one row_softmax computes, in the same order.
+  // Every value is the one row_softmax computes, in the same order. Once the heavy
+  // budget fills, acc is non-zero only on the last row's heavy set, so the rows work on
+  // that list and the recent band (P arrives zeroed): only the max and the exponentials
+  // still pass over the whole row.
   static void simulate_head(int T, int heavy, int recent, const float* L, float* P) {
     std::vector<float> e(T), acc(T, 0.0f);
-    std::vector<char> keep(T), heavy_mask(T);
-    std::vector<int> candidates;
+    std::vector<char> keep(T);
+    std::vector<int> support, candidates, kept;  // support: every key whose acc may be non-zero, ascending
     for (int i = 0; i < T; ++i) {
       const float* row = L + static_cast<size_t>(i) * T;
       float* out = P + static_cast<size_t>(i) * T;
       const float m = row_max(row, i + 1, nullptr);
       float sum = 0;
-      for (int j = 0; j <= i; ++j) sum += (e[j] = std::exp(row[j] - m));
+      // Sixteen exponentials, then their adds in the same order: the sum stays in a
+      // register across the adds (not in memory across every call), and its chain
+      // overlaps the next calls.
+      constexpr int kChunk = 16;
+      for (int j0 = 0; j0 <= i; j0 += kChunk) {
+        const int j1 = std::min(i + 1, j0 + kChunk);
+        for (int j = j0; j < j1; ++j) e[j] = std::exp(row[j] - m);
+        for (int j = j0; j < j1; ++j) sum += e[j];
+      }
       if (i < heavy || heavy <= 0) {
         // Rows < hb see every earlier key (acc: rows < hb, keys < hb); with no heavy
         // hitters a row sees its recent band only.
         std::fill(keep.begin(), keep.begin() + i + 1, i < heavy ? 1 : 0);
         if (i < heavy)
           for (int j = 0; j <= i; ++j) acc[j] += e[j] / sum;
-      } else {
-        // Keys with positive acc are the previous row's heavy set plus its own key.
-        candidates.clear();
-        for (int j = 0; j < i; ++j)
-          if (acc[j] > 0) candidates.push_back(j);
-        std::fill(heavy_mask.begin(), heavy_mask.begin() + i + 1, 0);
-        mark_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc, heavy_mask);
-        heavy_mask[i] = 1;
-        for (int j = 0; j <= i; ++j) {
-          acc[j] = heavy_mask[j] ? acc[j] + e[j] / sum : 0.0f;
-          keep[j] = heavy_mask[j];
+        for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
+        // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
+        const float kept_max = row_max(row, i + 1, keep.data());
+        float kept_sum = 0;
+        if (kept_max == m) {
+          for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
+        } else {
+          for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
         }
-        for (int j = i + 1; j < T; ++j) acc[j] = 0.0f;
+        for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
+        continue;
       }
-      for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
-      // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
-      const float kept_max = row_max(row, i + 1, keep.data());
+      if (i == heavy) {  // acc holds rows < hb over keys < hb
+        support.resize(i);
+        for (int j = 0; j < i; ++j) support[j] = j;
+      }
+      // Keys with positive acc are the previous row's heavy set plus its own key.
+      candidates.clear();
+      for (int j : support)
+        if (acc[j] > 0) candidates.push_back(j);
+      keep_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc);
+      // acc = (acc + p_i) on the new heavy set (the kept candidates and key i), 0 elsewhere.
+      size_t c = 0;
+      for (int j : support) {
+        if (c < candidates.size() && candidates[c] == j) {
+          acc[j] = acc[j] + e[j] / sum;
+          ++c;
+        } else {
+          acc[j] = 0.0f;
+        }
+      }
+      acc[i] = acc[i] + e[i] / sum;
+      support.swap(candidates);
+      support.push_back(i);
+      // Kept: the heavy set and the recent band, ascending.
+      const int band = std::max(0, i - recent);
+      kept.clear();
+      for (int j : support)
+        if (j < band) kept.push_back(j);
+      for (int j = band; j <= i; ++j) kept.push_back(j);
+      // The masked softmax over them, as row_softmax(row, i, keep, out): the keys it
+      // leaves out add 0 to the sum and come out as 0 / kept_sum, which is the 0 already
+      // in P unless kept_sum is NaN.
+      float kept_max = -std::numeric_limits<float>::infinity();
+      for (int j : kept) kept_max = std::max(kept_max, row[j]);
       float kept_sum = 0;
       if (kept_max == m) {
-        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
+        for (int j : kept) kept_sum += (out[j] = e[j]);
       } else {
-        for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
+        for (int j : kept) kept_sum += (out[j] = std::exp(row[j] - kept_max));
       }
-      for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
+      for (int j : kept) out[j] /= kept_sum;
+      if (std::isnan(kept_sum)) {
+        size_t next = 0;
+        for (int j = 0; j <= i; ++j) {
+          if (next < kept.size() && kept[next] == j)
+            ++next;
+          else
+            out[j] = 0.0f / kept_sum;
+        }
+      }
     }
   }
 
@@ -92,8 +145,20 @@ class H2OPaperPolicy : public SimOnlyPolicy {
     float lanes[kLanes] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
     int j = 0;
     if (!keep) {
+#if defined(__SSE__)
+      // maxps(x, lane) is x > lane ? x : lane, which is std::max(lane, x) bit for bit
+      // (a NaN x leaves the lane): the same eight lanes, in registers.
+      __m128 low = _mm_set1_ps(kNone), high = low;
+      for (; j + kLanes <= n; j += kLanes) {
+        low = _mm_max_ps(_mm_loadu_ps(row + j), low);
+        high = _mm_max_ps(_mm_loadu_ps(row + j + 4), high);
+      }
+      _mm_storeu_ps(lanes, low);
+      _mm_storeu_ps(lanes + 4, high);
+#else
       for (; j + kLanes <= n; j += kLanes)
         for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], row[j + k]);
+#endif
     } else {
       for (; j + kLanes <= n; j += kLanes)
         for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], keep[j + k] ? row[j + k] : kNone);
@@ -105,25 +170,25 @@ class H2OPaperPolicy : public SimOnlyPolicy {
     return m;
   }
 
-  // Marks the k candidates with the highest acc (ties: the lower index). Only the set
-  // matters, and the order is total, so no sort is needed; in the steady state all but
-  // one candidate stay, which is a scan for the one that goes (the lowest acc, the
-  // higher index among equals).
-  static void mark_top(std::vector<int>& candidates, int k, const std::vector<float>& acc,
-                       std::vector<char>& mask) {
+  // Leaves in `candidates` (ascending) the k with the highest acc (ties: the lower
+  // index). Only the set matters, and the order is total, so no sort by acc is needed;
+  // in the steady state all but one candidate stay, which is a scan for the one that
+  // goes (the lowest acc, the higher index among equals).
+  static void keep_top(std::vector<int>& candidates, int k, const std::vector<float>& acc) {
     const int n = static_cast<int>(candidates.size());
     if (k == n - 1 && n > 0) {
-      int dropped = candidates[0];
-      for (int c : candidates)
-        if (acc[c] <= acc[dropped]) dropped = c;  // candidates ascend: the last of equals
-      for (int c : candidates) mask[c] = 1;
-      mask[dropped] = 0;
+      int dropped = 0;
+      for (int c = 0; c < n; ++c)
+        if (acc[candidates[c]] <= acc[candidates[dropped]]) dropped = c;  // candidates ascend: the last of equals
+      candidates.erase(candidates.begin() + dropped);
       return;
     }
-    if (k < n)
+    if (k < n) {
       std::nth_element(candidates.begin(), candidates.begin() + k, candidates.end(),
                        [&](int a, int b) { return acc[a] != acc[b] ? acc[a] > acc[b] : a < b; });
-    for (int c = 0; c < k; ++c) mask[candidates[c]] = 1;
+      candidates.resize(k);
+      std::sort(candidates.begin(), candidates.end());
+    }
   }
 };
 

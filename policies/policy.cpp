@@ -140,30 +140,25 @@ class ScoredLayerState : public LayerState {
   }
 
   void append(int position, const float* key_norms) override {
-    for (auto& head : heads_) {
-      head.positions.push_back(position);
-      head.values.resize(head.values.size() + channels_, 0.0f);
-      float* slot = head.values.data() + head.values.size() - channels_;
-      policy_.on_append(head, slot, position, key_norms ? key_norms[head.kv_head] : 0.0f);
-    }
+    for (auto& head : heads_) append_one(head, position, key_norms ? key_norms[head.kv_head] : 0.0f);
   }
 
   void observe(const float* probs) override {
-    const int n = size(), group = shape_.group();
-    aggregated_.assign(n, 0.0f);
-    const bool use_max = use_max_;
-    for (auto& head : heads_) {
-      std::fill(aggregated_.begin(), aggregated_.end(), 0.0f);
-      for (int j = 0; j < group; ++j) {
-        const float* row = probs + static_cast<size_t>(head.kv_head * group + j) * n;
-        for (int s = 0; s < n; ++s)
-          aggregated_[s] = use_max ? std::max(aggregated_[s], row[s]) : aggregated_[s] + row[s];
-      }
-      if (!use_max)
-        for (int s = 0; s < n; ++s) aggregated_[s] /= group;
-      policy_.on_observe(head, aggregated_.data());
-      head.steps++;
-    }
+    const size_t n = static_cast<size_t>(size()), group = static_cast<size_t>(shape_.group());
+    for (auto& head : heads_) observe_one(head, probs + head.kv_head * group * n, scratch_[head.kv_head]);
+  }
+
+  bool independent_heads() const override { return !policy_.shared_across_heads(); }
+  void append_head(int kv_head, int position, float key_norm) override {
+    append_one(heads_[kv_head], position, key_norm);
+  }
+  void observe_head(int kv_head, const float* probs) override {
+    observe_one(heads_[kv_head], probs, scratch_[kv_head]);
+  }
+  void compress_head(int kv_head) override {
+    HeadSlots& head = heads_[kv_head];
+    if (budget_.unlimited || static_cast<int>(head.positions.size()) <= budget_.capacity) return;
+    compress_head(head, scratch_[kv_head], nullptr);
   }
 
   bool compress(std::vector<std::vector<int>>* keep) override {
@@ -199,9 +194,33 @@ class ScoredLayerState : public LayerState {
 
  private:
   struct Scratch {
-    std::vector<float> scores;
+    std::vector<float> scores, aggregated;
     std::vector<int> kept, candidates;
   };
+
+  void append_one(HeadSlots& head, int position, float key_norm) const {
+    head.positions.push_back(position);
+    head.values.resize(head.values.size() + channels_, 0.0f);
+    float* slot = head.values.data() + head.values.size() - channels_;
+    policy_.on_append(head, slot, position, key_norm);
+  }
+
+  // probs: [group][slots], the head's query heads.
+  void observe_one(HeadSlots& head, const float* probs, Scratch& scratch) const {
+    const int n = static_cast<int>(head.positions.size()), group = shape_.group();
+    std::vector<float>& aggregated = scratch.aggregated;
+    aggregated.assign(n, 0.0f);
+    const bool use_max = use_max_;
+    for (int j = 0; j < group; ++j) {
+      const float* row = probs + static_cast<size_t>(j) * n;
+      for (int s = 0; s < n; ++s)
+        aggregated[s] = use_max ? std::max(aggregated[s], row[s]) : aggregated[s] + row[s];
+    }
+    if (!use_max)
+      for (int s = 0; s < n; ++s) aggregated[s] /= group;
+    policy_.on_observe(head, aggregated.data());
+    head.steps++;
+  }
 
   void compress_head(HeadSlots& head, Scratch& scratch, std::vector<int>* keep) const {
     scratch.scores.resize(head.positions.size());
@@ -262,7 +281,7 @@ class ScoredLayerState : public LayerState {
   int channels_;
   bool use_max_;
   std::vector<HeadSlots> heads_;
-  std::vector<float> aggregated_, scores_, head_scores_;
+  std::vector<float> scores_, head_scores_;
   std::vector<Scratch> scratch_;  // per head (the first also serves a decision shared by all heads)
 };
 

@@ -78,6 +78,16 @@ class LayerState {
   virtual bool visible_slots(int kv_head, int query_position, std::vector<char>* visible) const {
     return false;
   }
+  // True when no head ever reads another head's state: then a KV head can be driven on
+  // its own (sim mode gives each thread its own heads for a whole block of queries,
+  // with no synchronisation per query), by the three calls below. For that head they
+  // do exactly what append, observe and compress do, in the same order; different
+  // heads may run on different threads at once.
+  virtual bool independent_heads() const { return false; }
+  virtual void append_head(int kv_head, int position, float key_norm) {}
+  // probs: [group][slots of kv_head], the attention of the KV head's query heads.
+  virtual void observe_head(int kv_head, const float* probs) {}
+  virtual void compress_head(int kv_head) {}
 };
 
 void check_policy_options(const PolicyOptions& options);  // policies/option_checks.h

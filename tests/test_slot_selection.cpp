@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -166,6 +167,55 @@ TEST_CASE("h2o-paper's drop-one and threaded heads agree bit for bit with its so
       policy->as_sim_only()->simulate_layer(0, shape, T, logits.data(), probs.data());
       INFO("ratio " << ratio << " threads " << threads);
       CHECK(probs == expected);
+    }
+  }
+  set_thread_count(threads_before);
+}
+
+TEST_CASE("h2o-paper on rows with NaN and all -inf logits agrees bit for bit with its sort-based rule",
+          "[policies][units][selection]") {
+  const int T = 80, n_q = 3;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
+  for (float& l : logits) l = uniform(rng);
+  auto at = [&](int h, int i, int j) -> float& { return logits[(static_cast<size_t>(h) * T + i) * T + j]; };
+  // Head 0: a NaN logit now and then (its row's sums turn NaN, and with them the
+  // probabilities of keys the row does not keep).
+  for (int i = 0; i < T; i += 7) at(0, i, (i * 5) % (i + 1)) = std::numeric_limits<float>::quiet_NaN();
+  // Head 1: rows whose every logit is -inf (NaN exponentials), and rows where only the
+  // evicted keys carry the maximum.
+  for (int i = 30; i < T; i += 9)
+    for (int j = 0; j <= i; ++j) at(1, i, j) = -kInf;
+  for (int i = 40; i < T; i += 5) at(1, i, 1) = 50.0f;
+  // Head 2: +inf logits.
+  for (int i = 20; i < T; i += 11) at(2, i, i / 2) = kInf;
+  SequenceShape shape;
+  shape.length = T;
+  shape.n_layers = 1;
+  shape.n_q_heads = shape.n_kv_heads = n_q;
+  const int threads_before = omp_get_max_threads();
+  for (double ratio : {0.1, 0.25, 0.5}) {
+    PolicyOptions options;
+    options.budget.ratio = ratio;
+    auto policy = make_policy("h2o-paper", options);
+    const Budget budget = policy->layer_budget(0, shape);
+    std::vector<float> expected(logits.size(), 0.0f);
+    h2o_paper_reference(T, n_q, budget.capacity - budget.recent, budget.recent, logits.data(), expected.data());
+    size_t nans = 0;
+    for (float x : expected) nans += std::isnan(x);
+    CHECK(nans > 0);
+    for (int threads : {1, 2}) {
+      set_thread_count(threads);
+      std::vector<float> probs(logits.size(), 0.0f);
+      policy->as_sim_only()->simulate_layer(0, shape, T, logits.data(), probs.data());
+      INFO("ratio " << ratio << " threads " << threads);
+      // Bit for bit, NaNs included (== would call two NaNs different).
+      size_t differ = 0;
+      for (size_t x = 0; x < probs.size(); ++x)
+        differ += std::memcmp(&probs[x], &expected[x], sizeof(float)) != 0;
+      CHECK(differ == 0);
     }
   }
   set_thread_count(threads_before);

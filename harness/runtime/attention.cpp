@@ -63,6 +63,26 @@ torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys
   return heads_bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
 }
 
+// The scaled causal logits [Hq, T, T] of queries q [T, Hq, d] against keys [Hkv, T, d],
+// float32 on the CPU (the sim-only policies' input): query row r against keys 0..r,
+// computed a block of rows at a time. Each logit is the same length-d product of the
+// same operands as in attention_logits' whole [T, T] product; the entries above the
+// diagonal, which the policies never read, are left unset.
+torch::Tensor causal_logits(const torch::Tensor& q, const torch::Tensor& keys) {
+  const int64_t T = q.size(0), hq = q.size(1), n_kv = keys.size(0), g = hq / n_kv;
+  const auto acc = accumulation_type(q.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  const auto keys_t = keys.transpose(1, 2).to(acc);  // [Hkv, d, T]
+  auto logits = torch::empty({n_kv, g, T, T}, torch::kFloat32);
+  constexpr int64_t kBlockRows = 256;  // few blocks, none small
+  for (int64_t r0 = 0; r0 < T; r0 += kBlockRows) {
+    const int64_t rows = std::min(kBlockRows, T - r0), n = r0 + rows;
+    auto block = torch::bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n)).mul_(scale);
+    logits.narrow(2, r0, rows).narrow(3, 0, n).copy_(block.view({n_kv, g, rows, n}));
+  }
+  return logits.view({hq, T, T});
+}
+
 // probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
 torch::Tensor weighted_values(const torch::Tensor& probs, const torch::Tensor& values, int64_t t,
                               int64_t hq, torch::ScalarType out_type) {
@@ -195,7 +215,7 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   }
   // Sim-only policies see the whole layer at once: all T x T logits on the CPU as one
   // contiguous float32 buffer (as the paper's code), freed before the values.
-  auto logits32 = attention_logits(q, k.permute({1, 0, 2})).to(torch::kCPU, torch::kFloat32).contiguous();  // [Hq, T, T]
+  auto logits32 = causal_logits(q, k.permute({1, 0, 2}));  // [Hq, T, T]
   if (sliding_window_ > 0)  // the window comes before the policy: those keys are gone
     logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
                           -std::numeric_limits<float>::infinity());
@@ -211,6 +231,34 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   auto p = probs32.to(q.device(), acc).view({n_kv, g * T, T});
   return weighted_values(p, v.permute({1, 0, 2}), T, hq, q.scalar_type());
 }
+
+namespace {
+
+// Query row `logits` (n keys) masked to a KV head's slots at positions pos[0..slots)
+// that are not older than oldest_visible and (when vis is given) visible: the row
+// becomes its softmax in place (zero but at the slots) and out[s] gets slot s's
+// probability. exps: slots doubles of scratch. Returns the slots attended.
+template <typename Scalar>
+int masked_slot_softmax(Scalar* logits, int64_t n, const std::vector<int>& pos, int slots, int64_t oldest_visible,
+                        const char* vis, double* exps, float* out) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int s = 0; s < slots; ++s)
+    if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logits[pos[s]]);
+  double sum = 0;  // exponentials summed in double: no rounding noise of its own
+  int seen = 0;
+  for (int s = 0; s < slots; ++s) {
+    const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
+    exps[s] = attended ? std::exp(logits[pos[s]] - m) : 0.0;
+    sum += exps[s];
+    seen += attended;
+  }
+  const double inv = 1.0 / sum;
+  std::fill(logits, logits + n, Scalar(0));
+  for (int s = 0; s < slots; ++s) out[s] = static_cast<float>(logits[pos[s]] = static_cast<Scalar>(exps[s] * inv));
+  return seen;
+}
+
+}  // namespace
 
 // The row loop of a realisable policy, one block of query rows at a time (see
 // causal_attention_blocks): row i is masked by the current slots, the policy observes
@@ -229,9 +277,43 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   std::vector<std::vector<char>> pattern(n_kv);  // static sparse patterns: slots this row attends
   std::vector<char> masked(n_kv);
   int max_slots = 0, visible = 0;
+  // Heads that do not share state each run their own rows: a thread takes whole KV
+  // heads through the block, with the same arithmetic in the same order per head.
+  const bool by_head = state->independent_heads();
+  std::vector<std::vector<float>> head_rows(by_head ? n_kv : 0);  // per KV head: [g][slots]
+  std::vector<int> max_slots_per_kv(n_kv, 0), seen_per_kv(n_kv, 0);
   auto block_probs = [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
     auto block = logits.to(torch::kCPU).contiguous();  // [Hq, rows, n]
     Scalar* L = block.data_ptr<Scalar>();
+    if (by_head) {
+      at::parallel_for(0, n_kv, 1, [&](int64_t first_kv, int64_t end_kv) {
+        for (int64_t kv = first_kv; kv < end_kv; ++kv) {
+          std::vector<float>& head_row = head_rows[kv];
+          for (int64_t i = r0; i < r0 + rows; ++i) {
+            state->append_head(static_cast<int>(kv), static_cast<int>(i), key_norms[i * n_kv + kv]);
+            const std::vector<int>& pos = state->positions(static_cast<int>(kv));
+            const int slots = static_cast<int>(pos.size());
+            max_slots_per_kv[kv] = std::max(max_slots_per_kv[kv], slots);
+            head_row.resize(static_cast<size_t>(g) * slots);
+            const int64_t oldest_visible = sliding_window_ > 0 ? i - sliding_window_ + 1 : 0;
+            const char* vis = state->visible_slots(static_cast<int>(kv), static_cast<int>(i), &pattern[kv])
+                                  ? pattern[kv].data() : nullptr;
+            int seen = 0;
+            for (int64_t j = 0; j < g; ++j) {
+              const int64_t h = kv * g + j;
+              seen = std::max(seen, masked_slot_softmax(L + (h * rows + (i - r0)) * n, n, pos, slots, oldest_visible,
+                                                        vis, exps.data() + h * q.size(0), head_row.data() + j * slots));
+            }
+            seen_per_kv[kv] = seen;
+            state->observe_head(static_cast<int>(kv), head_row.data());
+            if (i >= shape_.prefill_len - 1) state->compress_head(static_cast<int>(kv));
+          }
+        }
+      });
+      max_slots = *std::max_element(max_slots_per_kv.begin(), max_slots_per_kv.end());
+      visible = *std::max_element(seen_per_kv.begin(), seen_per_kv.end());
+      return block.to(logits.device());
+    }
     for (int64_t i = r0; i < r0 + rows; ++i) {
       state->append(static_cast<int>(i), key_norms + i * n_kv);
       const int slots = state->size();
@@ -239,36 +321,15 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
       row.resize(static_cast<size_t>(hq) * slots);
       // Slots the model's sliding window hides from query i: probability 0, as in decode.
       const int64_t oldest_visible = sliding_window_ > 0 ? i - sliding_window_ + 1 : 0;
-      visible = 0;
       for (int64_t kv = 0; kv < n_kv; ++kv)
         masked[kv] = state->visible_slots(static_cast<int>(kv), static_cast<int>(i), &pattern[kv]);
       // Each head's masked softmax is independent of the others': the heads share the
       // threads (same arithmetic per head), the policy then observes them in order.
       auto softmax_heads = [&](int64_t first_head, int64_t end_head) {
-        for (int64_t h = first_head; h < end_head; ++h) {
-          const std::vector<int>& pos = state->positions(static_cast<int>(h / g));
-          const char* vis = masked[h / g] ? pattern[h / g].data() : nullptr;
-          Scalar* logit_row = L + (h * rows + (i - r0)) * n;
-          double* head_exps = exps.data() + h * q.size(0);
-          double m = -std::numeric_limits<double>::infinity();
-          for (int s = 0; s < slots; ++s)
-            if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logit_row[pos[s]]);
-          double sum = 0;  // exponentials summed in double: no rounding noise of its own
-          int seen = 0;
-          for (int s = 0; s < slots; ++s) {
-            const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
-            head_exps[s] = attended ? std::exp(logit_row[pos[s]] - m) : 0.0;
-            sum += head_exps[s];
-            seen += attended;
-          }
-          seen_per_head[h] = seen;
-          const double inv = 1.0 / sum;
-          // The row becomes its probabilities in place: zero but at the slots.
-          std::fill(logit_row, logit_row + n, Scalar(0));
-          float* out = row.data() + h * slots;
-          for (int s = 0; s < slots; ++s)
-            out[s] = static_cast<float>(logit_row[pos[s]] = static_cast<Scalar>(head_exps[s] * inv));
-        }
+        for (int64_t h = first_head; h < end_head; ++h)
+          seen_per_head[h] = masked_slot_softmax(L + (h * rows + (i - r0)) * n, n, state->positions(static_cast<int>(h / g)),
+                                                 slots, oldest_visible, masked[h / g] ? pattern[h / g].data() : nullptr,
+                                                 exps.data() + h * q.size(0), row.data() + h * slots);
       };
       // Short rows stay on one thread: a parallel region costs more than they do.
       constexpr int64_t kParallelRowScores = 1024;

@@ -1,0 +1,130 @@
+// LayerState's per-head calls (append_head, observe_head, compress_head), which sim
+// mode uses to run each KV head's queries on its own thread: for a policy whose heads
+// are independent, one head at a time through the whole sequence must leave exactly the
+// slots and make exactly the evictions that all heads together, query by query, do.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "policies/registry.h"
+
+using namespace kvevict;
+
+namespace {
+
+// A deterministic weight in (0, 1] for (query head, step, key position).
+float weight(uint64_t head, uint64_t step, uint64_t position) {
+  uint64_t x = (head + 1) * 0x9e3779b97f4a7c15ULL ^ (step + 3) * 0xbf58476d1ce4e5b9ULL ^
+               (position + 7) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  x *= 0xd6e8feb86659fd93ULL;
+  x ^= x >> 29;
+  const float w = (static_cast<float>(x >> 40) + 1.0f) / static_cast<float>(1ULL << 24);
+  return w * w * w * w;  // peaked: a few keys take most of the attention
+}
+
+// Query head h's attention at `step` over the slots at `positions`, normalised.
+void attention_row(int h, int step, const std::vector<int>& positions, float* out) {
+  float sum = 0;
+  for (size_t s = 0; s < positions.size(); ++s) sum += (out[s] = weight(h, step, positions[s]));
+  for (size_t s = 0; s < positions.size(); ++s) out[s] /= sum;
+}
+
+float key_norm(int kv_head, int position) { return 0.5f + weight(100 + kv_head, position, 0); }
+
+using Positions = std::vector<std::vector<std::vector<int>>>;  // [step][kv_head] -> slot positions
+
+Positions all_heads_at_once(LayerState& state, const SequenceShape& shape) {
+  const int n_kv = shape.n_kv_heads, group = shape.group();
+  Positions trace(shape.length, std::vector<std::vector<int>>(n_kv));
+  std::vector<float> norms(n_kv), rows;
+  for (int i = 0; i < shape.length; ++i) {
+    for (int kv = 0; kv < n_kv; ++kv) norms[kv] = key_norm(kv, i);
+    state.append(i, norms.data());
+    const size_t n = static_cast<size_t>(state.size());
+    rows.resize(shape.n_q_heads * n);
+    for (int h = 0; h < shape.n_q_heads; ++h) attention_row(h, i, state.positions(h / group), rows.data() + h * n);
+    state.observe(rows.data());
+    if (i >= shape.prefill_len - 1) state.compress(nullptr);
+    for (int kv = 0; kv < n_kv; ++kv) trace[i][kv] = state.positions(kv);
+  }
+  return trace;
+}
+
+Positions one_head_at_a_time(LayerState& state, const SequenceShape& shape) {
+  const int n_kv = shape.n_kv_heads, group = shape.group();
+  Positions trace(shape.length, std::vector<std::vector<int>>(n_kv));
+  std::vector<float> rows;
+  for (int kv = n_kv - 1; kv >= 0; --kv) {  // the last head first: the order of heads must not matter
+    for (int i = 0; i < shape.length; ++i) {
+      state.append_head(kv, i, key_norm(kv, i));
+      const std::vector<int>& positions = state.positions(kv);
+      const size_t n = positions.size();
+      rows.resize(group * n);
+      for (int j = 0; j < group; ++j) attention_row(kv * group + j, i, positions, rows.data() + j * n);
+      state.observe_head(kv, rows.data());
+      if (i >= shape.prefill_len - 1) state.compress_head(kv);
+      trace[i][kv] = state.positions(kv);
+    }
+  }
+  return trace;
+}
+
+}  // namespace
+
+TEST_CASE("a policy with independent heads, run one KV head at a time, keeps what all heads at once keep",
+          "[policies][units][independent]") {
+  int independent = 0, shared = 0;
+  for (const std::string& name : policy_names()) {
+    for (const std::string& reduce : {"mean", "max"}) {
+      for (int prefill : {0, 12}) {
+        PolicyOptions options;
+        options.budget.ratio = 0.25;
+        options.params.set("window", 5);
+        options.params.set("group_reduce", reduce);
+        auto policy = make_policy(name, options);
+        if (!policy->realisable() || policy->keeps_everything()) continue;
+        SequenceShape shape;
+        shape.length = 70;
+        shape.prefill_len = prefill;
+        shape.n_layers = 3;
+        shape.n_q_heads = 6;
+        shape.n_kv_heads = 3;
+        for (int layer = 0; layer < shape.n_layers; ++layer) {
+          auto together = policy->as_realisable()->make_layer_state(layer, shape);
+          if (!together->independent_heads()) {
+            ++shared;
+            continue;
+          }
+          ++independent;
+          auto apart = policy->as_realisable()->make_layer_state(layer, shape);
+          INFO(name << " group_reduce " << reduce << " prefill " << prefill << " layer " << layer);
+          const Positions expected = all_heads_at_once(*together, shape);
+          const Positions got = one_head_at_a_time(*apart, shape);
+          for (int i = 0; i < shape.length; ++i) {
+            INFO("step " << i);
+            REQUIRE(got[i] == expected[i]);
+          }
+          // The budget was reached, so evictions were compared, not only appends.
+          CHECK(static_cast<int>(expected.back()[0].size()) < shape.length);
+        }
+      }
+    }
+  }
+  CHECK(independent > 0);
+  CHECK(shared > 0);
+}
+
+TEST_CASE("the heads of h2o and snapkv are independent, tova's share one decision", "[policies][units][independent]") {
+  PolicyOptions options;
+  options.budget.ratio = 0.2;
+  SequenceShape shape;
+  shape.length = 50;
+  shape.n_q_heads = shape.n_kv_heads = 2;
+  for (const std::string name : {"h2o", "snapkv", "pyramidkv", "scissorhands"})
+    CHECK(make_policy(name, options)->as_realisable()->make_layer_state(0, shape)->independent_heads());
+  CHECK_FALSE(make_policy("tova", options)->as_realisable()->make_layer_state(0, shape)->independent_heads());
+}
