@@ -77,7 +77,7 @@ torch::Tensor causal_logits(const torch::Tensor& q, const torch::Tensor& keys) {
   constexpr int64_t kBlockRows = 256;  // few blocks, none small
   for (int64_t r0 = 0; r0 < T; r0 += kBlockRows) {
     const int64_t rows = std::min(kBlockRows, T - r0), n = r0 + rows;
-    auto block = torch::bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n)).mul_(scale);
+    auto block = heads_bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(acc), keys_t.narrow(2, 0, n)).mul_(scale);
     logits.narrow(2, r0, rows).narrow(3, 0, n).copy_(block.view({n_kv, g, rows, n}));
   }
   return logits.view({hq, T, T});
