@@ -30,8 +30,8 @@ constexpr int64_t kPerHeadProductMin = int64_t{1} << 16;
 // a [B, m, k] @ b [B, k, n], each batch entry (a KV head) on one thread. torch::bmm makes one
 // sgemm call per head and OpenBLAS splits each over all threads, so attention-sized products
 // (170 x 64 x 1024) spent their time in thread hand-offs. Inside the parallel region OpenBLAS
-// runs single-threaded; every head is the same sgemm call with the same operands as in bmm,
-// so the numbers are identical.
+// runs single-threaded, so every head gets the numbers a one-thread run gets: results no
+// longer depend on the thread count (OpenBLAS's split products rounded differently).
 torch::Tensor heads_bmm(const torch::Tensor& a, const torch::Tensor& b) {
   const int64_t heads = a.size(0);
   if (heads < 2 || at::get_num_threads() < 2 || at::in_parallel_region() || !a.device().is_cpu() ||
