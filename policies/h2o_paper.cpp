@@ -49,12 +49,11 @@ class H2OPaperPolicy : public SimOnlyPolicy {
   // still pass over the whole row.
   static void simulate_head(int T, int heavy, int recent, const float* L, float* P) {
     std::vector<float> e(T), acc(T, 0.0f);
-    std::vector<char> keep(T);
     std::vector<int> support, candidates, kept;  // support: every key whose acc may be non-zero, ascending
     for (int i = 0; i < T; ++i) {
       const float* row = L + static_cast<size_t>(i) * T;
       float* out = P + static_cast<size_t>(i) * T;
-      const float m = row_max(row, i + 1, nullptr);
+      const float m = row_max(row, i + 1);
       float sum = 0;
       // Sixteen exponentials, then their adds in the same order: the sum stays in a
       // register across the adds (not in memory across every call), and its chain
@@ -65,55 +64,19 @@ class H2OPaperPolicy : public SimOnlyPolicy {
         for (int j = j0; j < j1; ++j) e[j] = std::exp(row[j] - m);
         for (int j = j0; j < j1; ++j) sum += e[j];
       }
+      kept.clear();
       if (i < heavy || heavy <= 0) {
         // Rows < hb see every earlier key (acc: rows < hb, keys < hb); with no heavy
         // hitters a row sees its recent band only.
-        std::fill(keep.begin(), keep.begin() + i + 1, i < heavy ? 1 : 0);
         if (i < heavy)
           for (int j = 0; j <= i; ++j) acc[j] += e[j] / sum;
-        for (int j = std::max(0, i - recent); j <= i; ++j) keep[j] = 1;
-        // The masked softmax over the kept keys, as row_softmax(row, i, keep, out).
-        const float kept_max = row_max(row, i + 1, keep.data());
-        float kept_sum = 0;
-        if (kept_max == m) {
-          for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? e[j] : 0.0f);
-        } else {
-          for (int j = 0; j <= i; ++j) kept_sum += (out[j] = keep[j] ? std::exp(row[j] - kept_max) : 0.0f);
-        }
-        for (int j = 0; j <= i; ++j) out[j] /= kept_sum;
-        continue;
+        for (int j = i < heavy ? 0 : std::max(0, i - recent); j <= i; ++j) kept.push_back(j);
+      } else {
+        heavy_step(i, heavy, recent, e, sum, acc, support, candidates, kept);
       }
-      if (i == heavy) {  // acc holds rows < hb over keys < hb
-        support.resize(i);
-        for (int j = 0; j < i; ++j) support[j] = j;
-      }
-      // Keys with positive acc are the previous row's heavy set plus its own key.
-      candidates.clear();
-      for (int j : support)
-        if (acc[j] > 0) candidates.push_back(j);
-      keep_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc);
-      // acc = (acc + p_i) on the new heavy set (the kept candidates and key i), 0 elsewhere.
-      size_t c = 0;
-      for (int j : support) {
-        if (c < candidates.size() && candidates[c] == j) {
-          acc[j] = acc[j] + e[j] / sum;
-          ++c;
-        } else {
-          acc[j] = 0.0f;
-        }
-      }
-      acc[i] = acc[i] + e[i] / sum;
-      support.swap(candidates);
-      support.push_back(i);
-      // Kept: the heavy set and the recent band, ascending.
-      const int band = std::max(0, i - recent);
-      kept.clear();
-      for (int j : support)
-        if (j < band) kept.push_back(j);
-      for (int j = band; j <= i; ++j) kept.push_back(j);
-      // The masked softmax over them, as row_softmax(row, i, keep, out): the keys it
-      // leaves out add 0 to the sum and come out as 0 / kept_sum, which is the 0 already
-      // in P unless kept_sum is NaN.
+      // The masked softmax over the kept keys, as a softmax with the others masked: those
+      // add 0 to the sum and come out as 0 / kept_sum, which is the 0 already in P unless
+      // kept_sum is NaN.
       float kept_max = -std::numeric_limits<float>::infinity();
       for (int j : kept) kept_max = std::max(kept_max, row[j]);
       float kept_sum = 0;
@@ -135,38 +98,66 @@ class H2OPaperPolicy : public SimOnlyPolicy {
     }
   }
 
-  // The largest of row[0..n) (only where keep is set, when given), -inf if none, as
-  // std::max from -inf computes it (NaN entries skipped), in eight independent lanes
-  // rather than one serial chain. Only the sign of a zero maximum may differ, which
-  // changes neither exp(l - m) nor a comparison.
-  static float row_max(const float* row, int n, const char* keep) {
+  // One row i >= hb: the previous heavy set loses its lowest-acc key, acc moves to the new
+  // heavy set (the kept candidates and key i) and kept gets the heavy set and the recent
+  // band, ascending. support: every key whose acc may be non-zero, ascending.
+  static void heavy_step(int i, int heavy, int recent, const std::vector<float>& e, float sum,
+                         std::vector<float>& acc, std::vector<int>& support, std::vector<int>& candidates,
+                         std::vector<int>& kept) {
+    if (i == heavy) {  // acc holds rows < hb over keys < hb
+      support.resize(i);
+      for (int j = 0; j < i; ++j) support[j] = j;
+    }
+    // Keys with positive acc are the previous row's heavy set plus its own key.
+    candidates.clear();
+    for (int j : support)
+      if (acc[j] > 0) candidates.push_back(j);
+    keep_top(candidates, std::min<int>(heavy - 1, candidates.size()), acc);
+    // acc = (acc + p_i) on the new heavy set (the kept candidates and key i), 0 elsewhere.
+    size_t c = 0;
+    for (int j : support) {
+      if (c < candidates.size() && candidates[c] == j) {
+        acc[j] = acc[j] + e[j] / sum;
+        ++c;
+      } else {
+        acc[j] = 0.0f;
+      }
+    }
+    acc[i] = acc[i] + e[i] / sum;
+    support.swap(candidates);
+    support.push_back(i);
+    // Kept: the heavy set and the recent band, ascending.
+    const int band = std::max(0, i - recent);
+    for (int j : support)
+      if (j < band) kept.push_back(j);
+    for (int j = band; j <= i; ++j) kept.push_back(j);
+  }
+
+  // The largest of row[0..n), -inf if none, as std::max from -inf computes it (NaN
+  // entries skipped), in eight independent lanes rather than one serial chain. Only the
+  // sign of a zero maximum may differ, which changes neither exp(l - m) nor a comparison.
+  static float row_max(const float* row, int n) {
     constexpr int kLanes = 8;
     constexpr float kNone = -std::numeric_limits<float>::infinity();
     float lanes[kLanes] = {kNone, kNone, kNone, kNone, kNone, kNone, kNone, kNone};
     int j = 0;
-    if (!keep) {
 #if defined(__SSE__)
-      // maxps(x, lane) is x > lane ? x : lane, which is std::max(lane, x) bit for bit
-      // (a NaN x leaves the lane): the same eight lanes, in registers.
-      __m128 low = _mm_set1_ps(kNone), high = low;
-      for (; j + kLanes <= n; j += kLanes) {
-        low = _mm_max_ps(_mm_loadu_ps(row + j), low);
-        high = _mm_max_ps(_mm_loadu_ps(row + j + 4), high);
-      }
-      _mm_storeu_ps(lanes, low);
-      _mm_storeu_ps(lanes + 4, high);
-#else
-      for (; j + kLanes <= n; j += kLanes)
-        for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], row[j + k]);
-#endif
-    } else {
-      for (; j + kLanes <= n; j += kLanes)
-        for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], keep[j + k] ? row[j + k] : kNone);
+    // maxps(x, lane) is x > lane ? x : lane, which is std::max(lane, x) bit for bit
+    // (a NaN x leaves the lane): the same eight lanes, in registers.
+    __m128 low = _mm_set1_ps(kNone), high = low;
+    for (; j + kLanes <= n; j += kLanes) {
+      low = _mm_max_ps(_mm_loadu_ps(row + j), low);
+      high = _mm_max_ps(_mm_loadu_ps(row + j + 4), high);
     }
+    _mm_storeu_ps(lanes, low);
+    _mm_storeu_ps(lanes + 4, high);
+#else
+    for (; j + kLanes <= n; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], row[j + k]);
+#endif
     float m = kNone;
     for (int k = 0; k < kLanes; ++k) m = std::max(m, lanes[k]);
-    for (; j < n; ++j)
-      if (!keep || keep[j]) m = std::max(m, row[j]);
+    for (; j < n; ++j) m = std::max(m, row[j]);
     return m;
   }
 
