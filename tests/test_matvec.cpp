@@ -70,6 +70,19 @@ TEST_CASE("matvec gives the same bits on one thread and on two", "[matvec]") {
   }
 }
 
+TEST_CASE("matvec takes a decode step's row [1, in] and gives [1, out] with the same bits", "[matvec]") {
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto weight = random_weight(dtype);
+    auto x = torch::randn({300}).to(dtype);
+    auto bias = torch::randn({1001}).to(dtype);
+    REQUIRE(matvec_supported(weight, x.unsqueeze(0), bias));
+    auto row = matvec(weight, x.unsqueeze(0), bias);
+    REQUIRE(row.sizes() == torch::IntArrayRef({1, 1001}));
+    CHECK(torch::equal(row[0], matvec(weight, x, bias)));
+  }
+  CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({2, 4})));  // two rows: a GEMM's job
+}
+
 TEST_CASE("matvec refuses what it does not handle, by name", "[matvec]") {
   auto half = torch::randn({8, 4}).to(torch::kFloat16);
   CHECK_FALSE(matvec_supported(half, torch::randn({4}).to(torch::kFloat16)));

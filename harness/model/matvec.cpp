@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "harness/common/errors.h"
 
@@ -101,9 +102,10 @@ void rows(const W* w, const float* x, const W* bias, Out* y, int64_t out, int64_
 
 bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias) {
   const auto type = weight.scalar_type();
-  if (!weight.device().is_cpu() || !x.device().is_cpu() || weight.dim() != 2 || x.dim() != 1) return false;
+  if (!weight.device().is_cpu() || !x.device().is_cpu() || weight.dim() != 2) return false;
+  if (x.dim() != 1 && !(x.dim() == 2 && x.size(0) == 1)) return false;
   if ((type != torch::kFloat32 && type != torch::kBFloat16) || x.scalar_type() != type) return false;
-  if (!weight.is_contiguous() || x.size(0) != weight.size(1)) return false;
+  if (!weight.is_contiguous() || x.size(-1) != weight.size(1)) return false;
   if (bias.defined() &&
       (bias.scalar_type() != type || bias.dim() != 1 || bias.size(0) != weight.size(0) || !bias.is_contiguous() ||
        !bias.device().is_cpu()))
@@ -118,15 +120,17 @@ torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const 
                 "] with x " + c10::toString(x.scalar_type()) + " of " + std::to_string(x.numel()) +
                 " elements is not a case matvec_supported() accepts");
   const int64_t out = weight.size(0), in = weight.size(1);
-  const torch::Tensor x32 = x.to(torch::kFloat32).contiguous();  // bfloat16 widens exactly
-  torch::Tensor y = torch::empty({out}, weight.options());
-  const float* xp = x32.data_ptr<float>();
+  torch::Tensor y = x.dim() == 2 ? torch::empty({1, out}, weight.options()) : torch::empty({out}, weight.options());
+  const torch::Tensor xc = x.contiguous();
   if (weight.scalar_type() == torch::kFloat32) {
-    rows(weight.data_ptr<float>(), xp, bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), out,
-         in);
+    rows(weight.data_ptr<float>(), xc.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+         y.data_ptr<float>(), out, in);
   } else {
     auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    rows(bits(weight), xp, bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), out, in);
+    std::vector<float> x32(static_cast<size_t>(in));  // bfloat16 widens exactly; no ATen op per call
+    const uint16_t* xb = bits(xc);
+    for (int64_t i = 0; i < in; ++i) x32[i] = widen(xb[i]);
+    rows(bits(weight), x32.data(), bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), out, in);
   }
   return y;
 }

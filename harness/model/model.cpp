@@ -35,8 +35,8 @@ constexpr int64_t kMatvecMinWeightBytes = int64_t{1} << 20;
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
   const auto type = x.scalar_type();
   if (x.dim() == 2 && x.size(0) == 1 && weight.nbytes() >= kMatvecMinWeightBytes &&
-      matvec_supported(weight, x[0], bias))
-    return matvec(weight, x[0], bias).unsqueeze(0);
+      matvec_supported(weight, x, bias))
+    return matvec(weight, x, bias);
   if (x.dim() == 2 && x.size(0) == 1 && x.device().is_cpu() && (type == torch::kFloat32 || type == torch::kFloat64)) {
     auto y = bias.defined() ? torch::addmv(bias, weight, x[0]) : torch::mv(weight, x[0]);
     return y.unsqueeze(0);
