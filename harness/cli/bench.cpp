@@ -180,9 +180,14 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
       // Per step: every weight once, plus the cache (about prefill + steps/2 rows).
       const double bytes = decode_weight_bytes(arch, m.dtype()) +
                            kv_bytes_per_token(arch, m.dtype()) * (decode_prefill + steps / 2.0);
+      // The weights alone through the same kernel: what the step would take with no other work.
+      const double pass = measure_weight_pass(arch, m.dtype(), std::max(3, repeat));
       std::cout << "decode " << dtypes[i] << " threads " << n << " tokens_per_s " << 1 / step.total
                 << " MB_per_token " << bytes / 1e6 << " GB_per_s " << bytes / step.total / 1e9 << " of_bandwidth "
-                << percent(bytes / step.total / bandwidth[n]) << " load_average " << load_average() << std::endl;
+                << percent(bytes / step.total / bandwidth[n]) << " step_ms " << step.total * 1e3
+                << " attention_ms " << step.attention * 1e3 << " weight_pass_ms " << pass * 1e3 << " weight_pass_of_bandwidth "
+                << percent(decode_weight_bytes(arch, m.dtype()) / pass / bandwidth[n])
+                << " load_average " << load_average() << std::endl;
     }
     set_thread_count(threads);
   }

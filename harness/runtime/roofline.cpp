@@ -1,5 +1,7 @@
 #include "harness/runtime/roofline.h"
 
+#include "harness/model/matvec.h"
+
 #include <ATen/Parallel.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -52,6 +54,27 @@ GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_
   }
   peak.mix_flops_per_s = mix_seconds > 0 ? mix_flops / mix_seconds : 0;
   return peak;
+}
+
+double measure_weight_pass(const ArchSpec& arch, torch::ScalarType dtype, int repeat) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> weights;
+  for (const auto& [shape, count] : linear_shapes(arch))
+    for (int c = 0; c < count; ++c) weights.push_back((torch::randn({shape.first, shape.second}) * 0.02).to(dtype));
+  std::map<int64_t, torch::Tensor> inputs;  // by width
+  for (const auto& w : weights)
+    if (!inputs.count(w.size(1))) inputs[w.size(1)] = torch::randn({w.size(1)}).to(dtype);
+  auto pass = [&] {
+    for (const auto& w : weights) {
+      const auto& x = inputs[w.size(1)];
+      if (matvec_supported(w, x))
+        matvec(w, x);
+      else
+        torch::mv(w, x);
+    }
+  };
+  pass();  // warm-up: first-touch pages
+  return best_seconds(repeat, pass);
 }
 
 namespace {

@@ -35,6 +35,12 @@ struct GemmPeak {
 // values, `dtype`), best of `repeat`.
 GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_t rows, int repeat);
 
+// Seconds of one batch-1 pass over every weight matrix of `arch` (random values in
+// `dtype`, the model's own shapes, each its own buffer; the LM head included), through
+// the kernel a decode step uses for them, best of `repeat`: a decode step's weight
+// stream alone, without the per-op work around it.
+double measure_weight_pass(const ArchSpec& arch, torch::ScalarType dtype, int repeat);
+
 struct ReadBandwidth {
   double bytes_per_s = 0;
   int threads = 0;  // how many threads read a slice (the ATen thread count, unless the pool fails)
