@@ -82,6 +82,28 @@ TEST_CASE("a tiny model runs each op on one thread and its threads take whole re
   set_thread_count(before);
 }
 
+TEST_CASE("a model loaded after a tiny one gets back the threads the tiny one set aside", "[request_workers]") {
+  // A sweep loads its models in turn, in one process, without --threads.
+  const int before = at::get_num_threads();
+  set_thread_count(2);
+  const auto dir = test::temp_dir("after_tiny");
+  auto made = test::run_kvevict("make-random-model --out " + dir + " --layers 1 --hidden 256 --heads 4 --kv-heads 4"
+                                " --intermediate 64 --vocab 64 --max-positions 32");
+  REQUIRE(made.exit_code == 0);
+  auto tiny = Model::load(test::data("models/stories260K-hf"));
+  CHECK(at::get_num_threads() == 1);
+  auto bigger = Model::load(dir);
+  CHECK(bigger->request_workers() == 1);
+  CHECK(at::get_num_threads() == 2);
+  // --threads still wins: the bigger model keeps what it was given.
+  tiny = Model::load(test::data("models/stories260K-hf"));
+  ModelOptions options;
+  options.threads = 1;
+  bigger = Model::load(dir, options);
+  CHECK(at::get_num_threads() == 1);
+  set_thread_count(before);
+}
+
 TEST_CASE("requests on two threads give byte-identical predictions to one thread", "[request_workers][eval]") {
   SECTION("h2o in sim mode, RTE") {
     auto [serial, parallel] = predictions_serial_and_parallel(

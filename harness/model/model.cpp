@@ -81,7 +81,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   // threads run whole requests instead, each op on one thread, so no number changes.
   if (arch.hidden < 256) {
     model->request_workers_ = options.threads > 0 ? options.threads : physical_core_count();
-    set_thread_count(1);
+    use_one_thread_for_tiny_model();
+  } else {
+    restore_threads_after_tiny_model();  // what a tiny model loaded before set aside, unless --threads chose
   }
 
   model->layers_.resize(arch.n_layers);

@@ -13,6 +13,25 @@
 namespace kvevict {
 namespace {
 
+int threads_before_tiny_model = 0;  // 0: none set aside
+
+void apply_thread_count(int threads) {
+  // The inter-op pool can be sized only before its first use, so only once.
+  static const bool interop_set = [] {
+    try {
+      at::set_num_interop_threads(1);
+    } catch (const std::exception&) {
+    }
+    return true;
+  }();
+  (void)interop_set;
+  at::set_num_threads(threads);  // also omp_set_num_threads in the OpenMP build
+  // An OpenBLAS built with pthreads keeps its own pool; tell it too when present.
+  using SetThreads = void (*)(int);
+  if (auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
+    set_blas(threads);
+}
+
 int read_int(const std::string& path, int fallback) {
   std::ifstream in(path);
   int value = fallback;
@@ -41,21 +60,19 @@ int physical_core_count() {
 
 int set_thread_count(int threads) {
   if (threads <= 0) threads = physical_core_count();
-  // The inter-op pool can be sized only before its first use, so only once.
-  static const bool interop_set = [] {
-    try {
-      at::set_num_interop_threads(1);
-    } catch (const std::exception&) {
-    }
-    return true;
-  }();
-  (void)interop_set;
-  at::set_num_threads(threads);  // also omp_set_num_threads in the OpenMP build
-  // An OpenBLAS built with pthreads keeps its own pool; tell it too when present.
-  using SetThreads = void (*)(int);
-  if (auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set_blas(threads);
+  threads_before_tiny_model = 0;
+  apply_thread_count(threads);
   return threads;
+}
+
+void use_one_thread_for_tiny_model() {
+  if (threads_before_tiny_model == 0) threads_before_tiny_model = at::get_num_threads();
+  apply_thread_count(1);
+}
+
+void restore_threads_after_tiny_model() {
+  if (threads_before_tiny_model > 0) apply_thread_count(threads_before_tiny_model);
+  threads_before_tiny_model = 0;
 }
 
 }  // namespace kvevict
