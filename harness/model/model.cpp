@@ -9,6 +9,7 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/common/text.h"
+#include "harness/model/fused_elementwise.h"
 #include "harness/model/matvec.h"
 #include "harness/model/rope.h"
 #include "harness/model/threads.h"
@@ -145,14 +146,8 @@ std::vector<int> Model::encode(const std::string& text, bool add_bos) const {
   return ids;
 }
 
-torch::Tensor Model::rms_norm(const torch::Tensor& x, const torch::Tensor& w) const {
-  auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
-  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + arch_.norm_eps);
-  return w * normed.to(x.scalar_type());
-}
-
 torch::Tensor Model::norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const {
-  if (arch_.norm == NormKind::RMSNorm) return rms_norm(x, w);
+  if (arch_.norm == NormKind::RMSNorm) return rms_norm(x, w, arch_.norm_eps);
   return torch::layer_norm(x, {arch_.hidden}, w, b, arch_.norm_eps);
 }
 
@@ -164,19 +159,6 @@ torch::Tensor Model::activation(const torch::Tensor& x) const {
     case Activation::GeluTanh: return torch::gelu(x, "tanh");
   }
   return x;
-}
-
-// rotate-half RoPE on the first rotary_dim dims of every head, in place.
-void Model::rotate(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const {
-  const int64_t rd = arch_.rotary_dim, half = rd / 2;
-  auto rot = x.narrow(-1, 0, rd);
-  auto x1 = rot.narrow(-1, 0, half), x2 = rot.narrow(-1, half, half);
-  auto rotated = torch::cat({-x2, x1}, -1);
-  auto out = rot * cos + rotated * sin;
-  if (rd == arch_.head_dim)
-    x = out;
-  else
-    x = torch::cat({out, x.narrow(-1, rd, arch_.head_dim - rd)}, -1);
 }
 
 torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,
@@ -203,12 +185,12 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const to
     v = project(h, W(Role::VWeight), W(Role::VBias)).view({t, arch_.n_kv_heads, hd});
   }
   if (W(Role::QNormWeight).defined()) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
-    q = rms_norm(q, W(Role::QNormWeight));
-    k = rms_norm(k, W(Role::KNormWeight));
+    q = rms_norm(q, W(Role::QNormWeight), arch_.norm_eps);
+    k = rms_norm(k, W(Role::KNormWeight), arch_.norm_eps);
   }
   if (arch_.positions == PositionKind::Rotary) {
-    rotate(q, cos, sin);
-    rotate(k, cos, sin);
+    q = rotate_half(q, cos, sin, arch_.rotary_dim);
+    k = rotate_half(k, cos, sin, arch_.rotary_dim);
   }
   auto out = attention.attend(layer, q.contiguous(), k.contiguous(), v.contiguous(), start);
   return project(out, W(Role::OWeight), W(Role::OBias));

@@ -70,9 +70,7 @@ class Model {
  private:
   using Slots = std::array<torch::Tensor, kRoleCount>;
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
-  torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w) const;
   torch::Tensor activation(const torch::Tensor& x) const;
-  void rotate(torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) const;
   torch::Tensor attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,
                                 const torch::Tensor& sin, int64_t start,
                                 AttentionBackend& attention) const;

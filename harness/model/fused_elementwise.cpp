@@ -1,0 +1,131 @@
+#include "harness/model/fused_elementwise.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+namespace kvevict {
+namespace {
+
+// What ATen does after each op on a tensor of type T: round the float result to T.
+inline float rounded(float v, float) { return v; }
+inline float rounded(float v, c10::BFloat16) { return static_cast<float>(c10::BFloat16(v)); }
+
+// Rows per parallel task: about 32K elements, so a decode step's single row stays on
+// the calling thread (as ATen's element-wise ops do below their grain size).
+int64_t row_grain(int64_t row_length) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, row_length)); }
+
+template <typename T>
+torch::Tensor rms_norm_as(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(1, n);
+  const T* X = x.data_ptr<T>();
+  const T* W = w.data_ptr<T>();
+  // ATen's expression: xf.pow(2).mean(-1, true) + eps, then rsqrt (pow(x, 2) is x * x).
+  auto squares = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+  float* S = squares.data_ptr<float>();
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * n; i < end * n; ++i) {
+      const float v = static_cast<float>(X[i]);
+      S[i] = v * v;
+    }
+  });
+  const auto mean = squares.mean(-1, true).contiguous();  // ATen's reduction order
+  const float* M = mean.data_ptr<float>();
+  const float eps_f = static_cast<float>(eps);
+  auto out = torch::empty(x.sizes(), x.options());
+  T* O = out.data_ptr<T>();
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float inverse_rms = 1.0f / std::sqrt(M[r] + eps_f);
+      for (int64_t i = 0; i < n; ++i) {
+        const float normed = rounded(static_cast<float>(X[r * n + i]) * inverse_rms, T{});
+        O[r * n + i] = static_cast<T>(static_cast<float>(W[i]) * normed);
+      }
+    }
+  });
+  return out;
+}
+
+template <typename T>
+torch::Tensor rotate_half_as(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                             int64_t rotary_dim) {
+  const int64_t t = x.size(0), heads = x.size(1), head_dim = x.size(2), half = rotary_dim / 2;
+  const int64_t token_stride = x.stride(0), head_stride = x.stride(1);
+  const T* X = x.data_ptr<T>();
+  const T* C = cos.data_ptr<T>();
+  const T* S = sin.data_ptr<T>();
+  auto out = torch::empty({t, heads, head_dim}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  T* O = out.data_ptr<T>();
+  at::parallel_for(0, t * heads, row_grain(head_dim), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t token = row / heads, head = row % heads;
+      const T* in = X + token * token_stride + head * head_stride;
+      const T* c = C + token * rotary_dim;
+      const T* s = S + token * rotary_dim;
+      T* o = O + row * head_dim;
+      // rot * cos + cat(-x2, x1) * sin, each product and the sum rounded as ATen rounds them.
+      for (int64_t i = 0; i < rotary_dim; ++i) {
+        const float rotated = i < half ? -static_cast<float>(in[i + half]) : static_cast<float>(in[i - half]);
+        const float a = rounded(static_cast<float>(in[i]) * static_cast<float>(c[i]), T{});
+        const float b = rounded(rotated * static_cast<float>(s[i]), T{});
+        o[i] = static_cast<T>(a + b);
+      }
+      for (int64_t i = rotary_dim; i < head_dim; ++i) o[i] = in[i];
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+bool fused_elementwise_supported(const torch::Tensor& x, const torch::Tensor& partner) {
+  const auto type = x.scalar_type();
+  return x.device().is_cpu() && (type == torch::kFloat32 || type == torch::kBFloat16) &&
+         partner.scalar_type() == type && partner.device().is_cpu();
+}
+
+torch::Tensor rms_norm_aten(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  return w * normed.to(x.scalar_type());
+}
+
+torch::Tensor rms_norm_fused(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  TORCH_CHECK(x.is_contiguous(), "rms_norm_fused: x must be contiguous");
+  const auto wc = w.contiguous();
+  if (x.scalar_type() == torch::kBFloat16) return rms_norm_as<c10::BFloat16>(x, wc, eps);
+  return rms_norm_as<float>(x, wc, eps);
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  // ATen sums a strided row in another order than a contiguous one: such x keep ATen's ops.
+  if (fused_elementwise_supported(x, w) && x.is_contiguous()) return rms_norm_fused(x, w, eps);
+  return rms_norm_aten(x, w, eps);
+}
+
+torch::Tensor rotate_half_aten(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                               int64_t rotary_dim) {
+  const int64_t half = rotary_dim / 2, head_dim = x.size(-1);
+  auto rot = x.narrow(-1, 0, rotary_dim);
+  auto x1 = rot.narrow(-1, 0, half), x2 = rot.narrow(-1, half, half);
+  auto out = rot * cos + torch::cat({-x2, x1}, -1) * sin;
+  if (rotary_dim == head_dim) return out;
+  return torch::cat({out, x.narrow(-1, rotary_dim, head_dim - rotary_dim)}, -1);
+}
+
+torch::Tensor rotate_half_fused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                int64_t rotary_dim) {
+  const auto xs = x.stride(2) == 1 ? x : x.contiguous();
+  const auto c = cos.contiguous(), s = sin.contiguous();
+  if (x.scalar_type() == torch::kBFloat16) return rotate_half_as<c10::BFloat16>(xs, c, s, rotary_dim);
+  return rotate_half_as<float>(xs, c, s, rotary_dim);
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                          int64_t rotary_dim) {
+  if (fused_elementwise_supported(x, cos) && sin.scalar_type() == cos.scalar_type())
+    return rotate_half_fused(x, cos, sin, rotary_dim);
+  return rotate_half_aten(x, cos, sin, rotary_dim);
+}
+
+}  // namespace kvevict

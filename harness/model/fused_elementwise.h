@@ -1,0 +1,36 @@
+// RMSNorm and rotate-half RoPE: the textbook ATen expressions, and each as one loop
+// over the elements with the same bits. A decode step runs them on one row, where every
+// ATen op costs its dispatch and not its arithmetic (issue 14: in a bfloat16 decode step
+// of the 12 x 768 model their six to eight ops each were 7% of the time, for 768 numbers).
+//
+// The loops put each element through the same IEEE operations in the same order,
+// rounded to the model's dtype where ATen rounds (bfloat16: after every op), with no
+// fused multiply-add (the .cpp is built with -ffp-contract=off); the one reduction, the
+// mean of squares, is still ATen's own, whose summation order depends on the CPU.
+// tests/test_fused_elementwise.cpp compares the two bit for bit.
+#pragma once
+#include <torch/torch.h>
+
+namespace kvevict {
+
+// w * (x * rsqrt(mean(x^2, -1) + eps)): the square mean in float32 (float64 for a
+// float64 x), the product with w in x's dtype. x [..., n], w [n].
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
+
+// rotate-half RoPE of the first rotary_dim dims of every head: x [t, heads, head_dim],
+// cos and sin [t, 1, rotary_dim] in x's dtype. Returns [t, heads, head_dim].
+torch::Tensor rotate_half(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                          int64_t rotary_dim);
+
+// The two ways of computing them, which rms_norm() and rotate_half() choose between.
+// Whether the loops take these operands: CPU, float32 or bfloat16, one dtype. The
+// fused RMSNorm also needs a contiguous x: ATen sums a strided row in another order.
+bool fused_elementwise_supported(const torch::Tensor& x, const torch::Tensor& partner);
+torch::Tensor rms_norm_aten(const torch::Tensor& x, const torch::Tensor& w, double eps);
+torch::Tensor rms_norm_fused(const torch::Tensor& x, const torch::Tensor& w, double eps);
+torch::Tensor rotate_half_aten(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                               int64_t rotary_dim);
+torch::Tensor rotate_half_fused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                int64_t rotary_dim);
+
+}  // namespace kvevict
