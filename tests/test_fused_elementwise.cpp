@@ -98,7 +98,7 @@ TEST_CASE("fused rotate-half RoPE has the bits of the ATen expression", "[fused]
   }
 }
 
-TEST_CASE("other dtypes and devices keep the ATen expressions", "[fused]") {
+TEST_CASE("other dtypes and shapes keep the ATen expressions", "[fused]") {
   auto w = torch::randn({16});
   CHECK_FALSE(fused_elementwise_supported(torch::randn({2, 16}, torch::kFloat64), w.to(torch::kFloat64)));
   CHECK_FALSE(fused_elementwise_supported(torch::randn({2, 16}).to(torch::kFloat16), w.to(torch::kFloat16)));
@@ -106,4 +106,8 @@ TEST_CASE("other dtypes and devices keep the ATen expressions", "[fused]") {
   // float64 reference runs go through ATen and still compute.
   auto x64 = torch::randn({2, 16}, torch::kFloat64);
   CHECK(torch::equal(rms_norm(x64, w.to(torch::kFloat64), 1e-6), rms_norm_aten(x64, w.to(torch::kFloat64), 1e-6)));
+  // One row of angles for several tokens is ATen's broadcast, not the loops' [t, rotary_dim].
+  auto x = torch::randn({3, 2, 8});
+  auto cos = torch::randn({1, 1, 8}), sin = torch::randn({1, 1, 8});
+  CHECK(torch::equal(rotate_half(x, cos, sin, 8), rotate_half_aten(x, cos, sin, 8)));
 }

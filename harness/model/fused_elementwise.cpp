@@ -131,8 +131,11 @@ torch::Tensor rms_norm_fused(const torch::Tensor& x, const torch::Tensor& w, dou
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  // ATen sums a strided row in another order than a contiguous one: such x keep ATen's ops.
-  if (fused_elementwise_supported(x, w) && x.is_contiguous()) return rms_norm_fused(x, w, eps);
+  // ATen sums a strided row in another order than a contiguous one: such x keep ATen's ops
+  // (as does a w that is not one weight per element of a row: ATen says what is wrong).
+  if (fused_elementwise_supported(x, w) && x.is_contiguous() && x.dim() > 0 && w.dim() == 1 &&
+      w.size(0) == x.size(-1))
+    return rms_norm_fused(x, w, eps);
   return rms_norm_aten(x, w, eps);
 }
 
@@ -156,7 +159,10 @@ torch::Tensor rotate_half_fused(const torch::Tensor& x, const torch::Tensor& cos
 
 torch::Tensor rotate_half(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                           int64_t rotary_dim) {
-  if (fused_elementwise_supported(x, cos) && sin.scalar_type() == cos.scalar_type())
+  // The loops index cos and sin as [t, rotary_dim]; other shapes go to ATen's broadcasting.
+  const bool angles_per_token = x.dim() == 3 && cos.numel() == x.size(0) * rotary_dim &&
+                                sin.numel() == cos.numel() && rotary_dim <= x.size(2) && rotary_dim % 2 == 0;
+  if (fused_elementwise_supported(x, cos) && sin.scalar_type() == cos.scalar_type() && angles_per_token)
     return rotate_half_fused(x, cos, sin, rotary_dim);
   return rotate_half_aten(x, cos, sin, rotary_dim);
 }
