@@ -4,45 +4,24 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
+
+#include "harness/model/bfloat16_bits.h"
 
 namespace kvevict {
 namespace {
 
-// Element storage: float, or bfloat16 as its 16 bits. Plain integer and float code
-// the compiler vectorizes (c10::BFloat16's conversions did not, and made the bfloat16
-// loops slower than ATen's on a 1024-token block).
-inline float load(const float* p) { return *p; }
-inline float load(const uint16_t* p) {  // bfloat16 is the top half of a float32
-  const uint32_t bits = static_cast<uint32_t>(*p) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-// Round to nearest even, NaN to 0x7FC0: c10::detail::round_to_nearest_even, branch-free.
-inline uint16_t bf16_bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return v != v ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
-}
+// Element storage: float, or bfloat16 as its 16 bits (bfloat16_bits.h): plain code the
+// compiler vectorizes (c10::BFloat16's conversions did not, and made the bfloat16 loops
+// slower than ATen's on a 1024-token block).
 inline void store(float* p, float v) { *p = v; }
 inline void store(uint16_t* p, float v) { *p = bf16_bits(v); }
 // What ATen does after each op on a tensor stored as S: round the float result to S.
 inline float rounded(float v, const float*) { return v; }
-inline float rounded(float v, const uint16_t*) {
-  const uint16_t bits = bf16_bits(v);
-  return load(&bits);
-}
+inline float rounded(float v, const uint16_t*) { return widen(bf16_bits(v)); }
 
 template <typename S>
-const S* storage(const torch::Tensor& t) {
-  if constexpr (std::is_same_v<S, float>) return t.data_ptr<float>();
-  else return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
-}
-template <typename S>
-S* storage(torch::Tensor& t) {
+S* storage(const torch::Tensor& t) {
   if constexpr (std::is_same_v<S, float>) return t.data_ptr<float>();
   else return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
 }
@@ -61,7 +40,7 @@ torch::Tensor rms_norm_as(const torch::Tensor& x, const torch::Tensor& w, double
   float* Q = squares.data_ptr<float>();
   at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin * n; i < end * n; ++i) {
-      const float v = load(X + i);
+      const float v = widen(X[i]);
       Q[i] = v * v;
     }
   });
@@ -75,7 +54,7 @@ torch::Tensor rms_norm_as(const torch::Tensor& x, const torch::Tensor& w, double
       const float inverse_rms = 1.0f / std::sqrt(M[r] + eps_f);
       const S* in = X + r * n;
       S* o = O + r * n;
-      for (int64_t i = 0; i < n; ++i) store(o + i, load(W + i) * rounded(load(in + i) * inverse_rms, in));
+      for (int64_t i = 0; i < n; ++i) store(o + i, widen(W[i]) * rounded(widen(in[i]) * inverse_rms, in));
     }
   });
   return out;
@@ -100,9 +79,9 @@ torch::Tensor rotate_half_as(const torch::Tensor& x, const torch::Tensor& cos, c
       S* o = O + row * head_dim;
       // rot * cos + cat(-x2, x1) * sin, each product and the sum rounded as ATen rounds them.
       for (int64_t i = 0; i < half; ++i)
-        store(o + i, rounded(load(in + i) * load(c + i), in) + rounded(-load(in + i + half) * load(s + i), in));
+        store(o + i, rounded(widen(in[i]) * widen(c[i]), in) + rounded(-widen(in[i + half]) * widen(s[i]), in));
       for (int64_t i = half; i < rotary_dim; ++i)
-        store(o + i, rounded(load(in + i) * load(c + i), in) + rounded(load(in + i - half) * load(s + i), in));
+        store(o + i, rounded(widen(in[i]) * widen(c[i]), in) + rounded(widen(in[i - half]) * widen(s[i]), in));
       for (int64_t i = rotary_dim; i < head_dim; ++i) o[i] = in[i];
     }
   });

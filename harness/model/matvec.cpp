@@ -3,11 +3,11 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "harness/common/errors.h"
+#include "harness/model/bfloat16_bits.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -16,14 +16,6 @@
 
 namespace kvevict {
 namespace {
-
-inline float widen(float value) { return value; }
-inline float widen(uint16_t bf16_bits) {  // bfloat16 is the top half of a float32
-  const uint32_t bits = static_cast<uint32_t>(bf16_bits) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
 
 // Any CPU: 8 partial sums, so the compiler can keep them in one vector register.
 template <typename W>
