@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "harness/common/errors.h"
+#include "harness/runtime/causal_softmax.h"
 
 namespace kvevict {
 namespace {
@@ -122,43 +123,6 @@ torch::Tensor causal_attention_blocks(const torch::Tensor& q, const torch::Tenso
   return out.to(q.scalar_type());
 }
 
-// Sets -inf over the keys that each of `total_rows` logit rows of length n (query
-// r % rows at position first_query + r % rows) must not see: later positions, and those
-// the sliding window has passed. The same entries masked_fill_ sets with the broadcast
-// mask, written as contiguous runs (that per-element loop was about a sixth of
-// stories260K's RTE time).
-template <typename Scalar>
-void fill_hidden(Scalar* logits, int64_t total_rows, int64_t n, int64_t first_query, int64_t rows, int64_t window) {
-  const Scalar hidden = -std::numeric_limits<Scalar>::infinity();
-  for (int64_t row = 0; row < total_rows; ++row) {
-    const int64_t query = first_query + row % rows;
-    Scalar* line = logits + row * n;
-    if (query + 1 < n) std::fill(line + query + 1, line + n, hidden);
-    if (window > 0 && query - window >= 0) std::fill(line, line + std::min(n, query - window + 1), hidden);
-  }
-}
-
-// The causal (and sliding-window) softmax of a block of logits [Hkv, g*rows, n] whose
-// first query sits at position first_query and whose key j at position j.
-torch::Tensor masked_softmax(torch::Tensor logits, int64_t n_kv, int64_t first_query, int64_t rows,
-                             int64_t window) {
-  const int64_t n = logits.size(2);
-  const auto type = logits.scalar_type();
-  if (logits.device().is_cpu() && logits.is_contiguous() && (type == torch::kFloat32 || type == torch::kFloat64)) {
-    if (type == torch::kFloat32)
-      fill_hidden(logits.data_ptr<float>(), logits.numel() / n, n, first_query, rows, window);
-    else
-      fill_hidden(logits.data_ptr<double>(), logits.numel() / n, n, first_query, rows, window);
-    return torch::softmax(logits, -1);
-  }
-  auto query = torch::arange(first_query, first_query + rows, torch::kLong).unsqueeze(1);
-  auto key = torch::arange(0, n, torch::kLong).unsqueeze(0);
-  auto hidden = key > query;
-  if (window > 0) hidden = hidden.logical_or(key <= query - window);
-  logits.view({n_kv, -1, rows, n}).masked_fill_(hidden.to(logits.device()), -std::numeric_limits<double>::infinity());
-  return torch::softmax(logits, -1);
-}
-
 // Appends `rows` [Hkv, t, d] to a cache buffer with spare capacity (doubling), so a
 // decode step copies only the new token, not the whole cache.
 void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows) {
@@ -178,10 +142,10 @@ void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows
 
 torch::Tensor FullAttention::attend(int, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, int64_t) {
-  const int64_t n_kv = k.size(1), window = sliding_window_;
+  const int64_t window = sliding_window_;
   return causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0,
                                  [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
-                                   return masked_softmax(logits, n_kv, r0, rows, window);
+                                   return causal_softmax(logits, CausalRows{r0, rows, window});
                                  });
 }
 
@@ -489,7 +453,7 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     // rows in position order: blocked causal attention, no t x n buffer.
     stats_.visible_per_layer[layer] = static_cast<int>(n);
     out = causal_attention_blocks(q, keys, values, n_prev, [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
-      auto probs = masked_softmax(logits, n_kv, n_prev + r0, rows, 0);
+      auto probs = causal_softmax(logits, CausalRows{n_prev + r0, rows, 0});
       if (evicting) observe_rows(probs, r0, rows);
       return probs;
     });

@@ -1,0 +1,93 @@
+// The causal softmax that skips hidden keys (harness/runtime/causal_softmax.h): the same
+// bits as hiding them with -inf and running torch::softmax over whole rows.
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+
+#include "harness/model/threads.h"
+#include "harness/runtime/causal_softmax.h"
+// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
+#undef CHECK
+#undef CHECK_EQ
+#include <catch2/catch.hpp>
+
+using namespace kvevict;
+
+namespace {
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.sizes() == b.sizes() && torch::equal(a.contiguous().view(torch::kInt32), b.contiguous().view(torch::kInt32));
+}
+
+struct ThreadCountGuard {
+  int saved = at::get_num_threads();
+  ~ThreadCountGuard() { set_thread_count(saved); }
+};
+
+// The loop's answer (which must be taken wherever ATen runs its AVX2 kernels) against
+// ATen's, on copies of the same logits.
+void check_against_aten(const torch::Tensor& logits, const CausalRows& mask) {
+  auto loop = logits.clone(), aten = logits.clone();
+  const bool taken = causal_softmax_in_place(loop, mask);
+  if (aten_uses_avx2_kernels()) REQUIRE(taken);
+  if (!taken) return;
+  const auto expected = causal_softmax_aten(aten, mask);
+  CHECK(same_bits(loop, expected));
+}
+
+}  // namespace
+
+TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attention]") {
+  ThreadCountGuard guard;
+  torch::manual_seed(11);
+  struct Case {
+    int64_t heads, rows, n, window;
+  };
+  // Rows per block and keys as the attention backends make them (keys end at the last
+  // query, n >= rows): rows shorter than one vector, at and around 8-element chunk
+  // boundaries, a prefill continuing a cache (n > rows), long rows split over threads,
+  // and sliding windows.
+  const Case cases[] = {{1, 1, 1, 0},    {4, 5, 5, 0},     {4, 7, 7, 0},     {2, 8, 8, 0},    {2, 9, 9, 0},
+                        {8, 17, 17, 0},  {3, 24, 24, 0},   {6, 100, 100, 0}, {2, 3, 40, 0},   {3, 16, 1030, 0},
+                        {12, 170, 1024, 0}, {4, 64, 64, 5}, {2, 50, 90, 16},  {2, 9, 9, 1}};
+  for (int threads : {1, 2}) {
+    set_thread_count(threads);
+    for (const Case& c : cases) {
+      for (double scale : {0.1, 1.0, 30.0, 1000.0}) {  // soft, ordinary, peaked, underflowing
+        INFO("threads " << threads << " heads " << c.heads << " rows " << c.rows << " n " << c.n << " window "
+                        << c.window << " scale " << scale);
+        auto logits = torch::randn({c.heads, c.rows, c.n}) * scale;
+        check_against_aten(logits, CausalRows{c.n - c.rows, c.rows, c.window});
+      }
+    }
+  }
+}
+
+TEST_CASE("causal softmax rows with an infinite or NaN logit run whole, as ATen's do", "[attention]") {
+  torch::manual_seed(12);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float odd : {inf, -inf, std::nanf("")}) {
+    for (int64_t n : {5, 20}) {
+      INFO("value " << odd << " n " << n);
+      auto logits = torch::randn({2, n, n});
+      auto a = logits.accessor<float, 3>();
+      a[0][n - 1][0] = odd;  // a visible key of the last row
+      a[1][1][1] = odd;      // the diagonal of an early row, whose other keys are hidden
+      a[1][0][0] = odd;      // a row's only visible key
+      check_against_aten(logits, CausalRows{0, n, 0});
+    }
+  }
+}
+
+TEST_CASE("causal softmax leaves other dtypes and layouts to ATen", "[attention]") {
+  auto doubles = torch::randn({2, 4, 4}, torch::kFloat64);
+  CHECK_FALSE(causal_softmax_in_place(doubles, CausalRows{0, 4, 0}));
+  auto strided = torch::randn({2, 4, 8}).narrow(2, 0, 4);
+  CHECK_FALSE(causal_softmax_in_place(strided, CausalRows{0, 4, 0}));
+  // causal_softmax() takes them through ATen, hidden keys at +0.
+  auto probs = causal_softmax(doubles.clone(), CausalRows{0, 4, 0});
+  CHECK(probs.scalar_type() == torch::kFloat64);
+  CHECK(probs[0][0][1].item<double>() == 0.0);
+  CHECK((probs.sum(-1) - 1).abs().max().item<double>() < 1e-12);
+}
