@@ -15,6 +15,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "policies/float_exp.h"
 #include "policies/policy.h"
 
 namespace kvevict {
@@ -54,16 +55,11 @@ class H2OPaperPolicy : public SimOnlyPolicy {
       const float* row = L + static_cast<size_t>(i) * T;
       float* out = P + static_cast<size_t>(i) * T;
       const float m = row_max(row, i + 1);
+      // e_j = std::exp(row_j - m), eight at a time with expf's bits (float_exp.h); the
+      // sum in key order.
+      exp_of_difference(row, m, e.data(), i + 1);
       float sum = 0;
-      // Sixteen exponentials, then their adds in the same order: the sum stays in a
-      // register across the adds (not in memory across every call), and its chain
-      // overlaps the next calls.
-      constexpr int kChunk = 16;
-      for (int j0 = 0; j0 <= i; j0 += kChunk) {
-        const int j1 = std::min(i + 1, j0 + kChunk);
-        for (int j = j0; j < j1; ++j) e[j] = std::exp(row[j] - m);
-        for (int j = j0; j < j1; ++j) sum += e[j];
-      }
+      for (int j = 0; j <= i; ++j) sum += e[j];
       kept.clear();
       if (i < heavy || heavy <= 0) {
         // Rows < hb see every earlier key (acc: rows < hb, keys < hb); with no heavy
