@@ -2,6 +2,7 @@
 // and a full-sequence forward; with --config it times the eviction hook itself:
 // sim-mode forwards under each policy and decode steps at a budget, each as a ratio
 // to full attention in the same run (absolute numbers vary between machines).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -137,18 +138,18 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
 
   // Roofline limits.
   const double bandwidth_bytes = config.value("bandwidth_MiB", 1024) * double(1 << 20);
-  std::map<int, double> bandwidth;
+  auto probe = std::make_unique<BandwidthProbe>(static_cast<int64_t>(bandwidth_bytes));
   for (int n : decode_threads) {
     set_thread_count(n);
-    const ReadBandwidth read = measure_read_bandwidth(static_cast<int64_t>(bandwidth_bytes), std::max(10, repeat + 4));
-    bandwidth[n] = read.bytes_per_s;
+    const ReadBandwidth read = probe->measure(std::max(10, repeat + 4));
     std::cout << "roofline read_bandwidth threads " << n << " (reading: " << read.threads << ") GB_per_s "
-              << bandwidth[n] / 1e9 << " load_average " << load_average() << std::endl;
+              << read.bytes_per_s / 1e9 << " load_average " << load_average() << std::endl;
   }
   set_thread_count(threads);
 
   // Forward and decode per dtype, against that dtype's GEMM peak and the bandwidth.
   const int decode_prefill = config.value("decode_prefill", 16);
+  const int decode_rounds = std::max(1, config.value("decode_rounds", 5));
   for (size_t i = 0; i < dtypes.size(); ++i) {
     std::unique_ptr<Model> other;
     if (i > 0) {
@@ -174,23 +175,42 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
               << percent(flops / peak.best_flops_per_s) << " of_model_mix " << percent(flops / peak.mix_flops_per_s)
               << " attention_seconds " << attention_seconds << " load_average " << load_average() << std::endl;
     auto decode_tokens = random_tokens(decode_prefill + steps, static_cast<int>(arch.vocab), 5);
+    // The weights alone through the same kernel: what the step would take with no other work.
+    const WeightPass weight_pass(arch, m.dtype());
+    const double weight_bytes = decode_weight_bytes(arch, m.dtype());
+    // Per step: every weight once, plus the cache (about prefill + steps/2 rows).
+    const double bytes = weight_bytes + kv_bytes_per_token(arch, m.dtype()) * (decode_prefill + steps / 2.0);
     for (int n : decode_threads) {
       set_thread_count(n);
-      const StepTime step = decode_step_time(m, *full, decode_tokens, decode_prefill, steps, repeat);
-      // Per step: every weight once, plus the cache (about prefill + steps/2 rows).
-      const double bytes = decode_weight_bytes(arch, m.dtype()) +
-                           kv_bytes_per_token(arch, m.dtype()) * (decode_prefill + steps / 2.0);
-      // The weights alone through the same kernel: what the step would take with no other work.
-      const double pass = measure_weight_pass(arch, m.dtype(), std::max(3, repeat));
-      std::cout << "decode " << dtypes[i] << " threads " << n << " tokens_per_s " << 1 / step.total
-                << " MB_per_token " << bytes / 1e6 << " GB_per_s " << bytes / step.total / 1e9 << " of_bandwidth "
-                << percent(bytes / step.total / bandwidth[n]) << " step_ms " << step.total * 1e3
-                << " attention_ms " << step.attention * 1e3 << " weight_pass_ms " << pass * 1e3 << " weight_pass_of_bandwidth "
-                << percent(decode_weight_bytes(arch, m.dtype()) / pass / bandwidth[n])
+      // Rounds of the read probe, then the decode steps and the weight pass right after
+      // it: a shared VM's read bandwidth drifts by tens of percent between minutes, so
+      // each round is a share of its own probe, and the line is the median round.
+      struct Round {
+        double probe, step, attention, pass;
+      };
+      std::vector<Round> rounds;
+      for (int r = 0; r < decode_rounds; ++r) {
+        const double read = probe->measure(4).bytes_per_s;
+        const StepTime step = decode_step_time(m, *full, decode_tokens, decode_prefill, steps, 1);
+        rounds.push_back({read, step.total, step.attention, weight_pass.seconds(1)});
+      }
+      std::sort(rounds.begin(), rounds.end(), [&](const Round& a, const Round& b) {
+        return bytes / a.step / a.probe < bytes / b.step / b.probe;
+      });
+      const Round& median = rounds[rounds.size() / 2];
+      std::cout << "decode " << dtypes[i] << " threads " << n << " tokens_per_s " << 1 / median.step
+                << " MB_per_token " << bytes / 1e6 << " GB_per_s " << bytes / median.step / 1e9 << " of_bandwidth "
+                << percent(bytes / median.step / median.probe) << " probe_GB_per_s " << median.probe / 1e9
+                << " step_ms " << median.step * 1e3 << " attention_ms " << median.attention * 1e3 << " weight_pass_ms "
+                << median.pass * 1e3 << " weight_pass_of_bandwidth " << percent(weight_bytes / median.pass / median.probe)
+                << " rounds " << rounds.size() << " of_bandwidth_range " << percent(bytes / rounds.front().step / rounds.front().probe)
+                << "-" << percent(bytes / rounds.back().step / rounds.back().probe)
                 << " load_average " << load_average() << std::endl;
     }
     set_thread_count(threads);
   }
+
+  probe.reset();  // its buffer is not part of the phases below
 
   // Sim-mode policies as a ratio to the full forward, in float32.
   std::vector<int> seq;

@@ -56,25 +56,26 @@ GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_
   return peak;
 }
 
-double measure_weight_pass(const ArchSpec& arch, torch::ScalarType dtype, int repeat) {
+WeightPass::WeightPass(const ArchSpec& arch, torch::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> weights;
   for (const auto& [shape, count] : linear_shapes(arch))
-    for (int c = 0; c < count; ++c) weights.push_back((torch::randn({shape.first, shape.second}) * 0.02).to(dtype));
-  std::map<int64_t, torch::Tensor> inputs;  // by width
-  for (const auto& w : weights)
-    if (!inputs.count(w.size(1))) inputs[w.size(1)] = torch::randn({w.size(1)}).to(dtype);
-  auto pass = [&] {
-    for (const auto& w : weights) {
-      const auto& x = inputs[w.size(1)];
+    for (int c = 0; c < count; ++c) weights_.push_back((torch::randn({shape.first, shape.second}) * 0.02).to(dtype));
+  for (const auto& w : weights_)
+    if (!inputs_.count(w.size(1))) inputs_[w.size(1)] = torch::randn({w.size(1)}).to(dtype);
+  seconds(1);  // warm-up: first-touch pages
+}
+
+double WeightPass::seconds(int repeat) const {
+  torch::NoGradGuard no_grad;
+  return best_seconds(repeat, [&] {
+    for (const auto& w : weights_) {
+      const auto& x = inputs_.at(w.size(1));
       if (matvec_supported(w, x))
         matvec(w, x);
       else
         torch::mv(w, x);
     }
-  };
-  pass();  // warm-up: first-touch pages
-  return best_seconds(repeat, pass);
+  });
 }
 
 namespace {
@@ -121,10 +122,12 @@ uint64_t sum_words(const uint64_t* data, int64_t begin, int64_t end) {
 
 }  // namespace
 
-ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat) {
-  const int64_t words = std::max<int64_t>(bytes / 8, 1);
-  std::vector<uint64_t> buffer(static_cast<size_t>(words), 1);  // written: every page is real
-  const uint64_t* data = buffer.data();
+BandwidthProbe::BandwidthProbe(int64_t bytes)
+    : buffer_(static_cast<size_t>(std::max<int64_t>(bytes / 8, 1)), 1) {}  // written: every page is real
+
+ReadBandwidth BandwidthProbe::measure(int repeat) const {
+  const int64_t words = static_cast<int64_t>(buffer_.size());
+  const uint64_t* data = buffer_.data();
   const int threads = at::get_num_threads();
   const int runs = std::max(repeat, 3);
   ReadBandwidth result;
@@ -144,10 +147,12 @@ ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat) {
     result.threads = std::max(result.threads, static_cast<int>(std::count(took_part.begin(), took_part.end(), 1)));
   });
   if (sink != static_cast<uint64_t>(words) * static_cast<uint64_t>(runs))
-    throw std::logic_error("measure_read_bandwidth: the sum over the buffer is wrong");  // keeps the sums alive
+    throw std::logic_error("BandwidthProbe: the sum over the buffer is wrong");  // keeps the sums alive
   result.bytes_per_s = static_cast<double>(words * 8) / best;
   return result;
 }
+
+ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat) { return BandwidthProbe(bytes).measure(repeat); }
 
 double forward_flops(const ArchSpec& arch, int64_t t) {
   double per_token = 0;

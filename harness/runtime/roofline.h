@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "harness/model/architecture.h"
 
@@ -35,11 +37,19 @@ struct GemmPeak {
 // values, `dtype`), best of `repeat`.
 GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_t rows, int repeat);
 
-// Seconds of one batch-1 pass over every weight matrix of `arch` (random values in
-// `dtype`, the model's own shapes, each its own buffer; the LM head included), through
-// the kernel a decode step uses for them, best of `repeat`: a decode step's weight
-// stream alone, without the per-op work around it.
-double measure_weight_pass(const ArchSpec& arch, torch::ScalarType dtype, int repeat);
+// One batch-1 pass over every weight matrix of `arch` (random values in `dtype`, the
+// model's own shapes, each its own buffer; the LM head included), through the kernel a
+// decode step uses for them: a decode step's weight stream alone, without the per-op
+// work around it. The weights are made once; seconds() times the pass, best of `repeat`.
+class WeightPass {
+ public:
+  WeightPass(const ArchSpec& arch, torch::ScalarType dtype);
+  double seconds(int repeat) const;
+
+ private:
+  std::vector<torch::Tensor> weights_;
+  std::map<int64_t, torch::Tensor> inputs_;  // by width
+};
 
 struct ReadBandwidth {
   double bytes_per_s = 0;
@@ -48,7 +58,16 @@ struct ReadBandwidth {
 
 // Bytes per second of reading a buffer of `bytes` (far larger than the caches): each of
 // the current ATen threads streams its own slice with several accumulators at once;
-// the best of `repeat` (at least 3) runs.
+// the best of `repeat` (at least 3) runs. The buffer is made (and every page touched)
+// once, so a phase can be bracketed by measurements taken just before it.
+class BandwidthProbe {
+ public:
+  explicit BandwidthProbe(int64_t bytes);
+  ReadBandwidth measure(int repeat) const;
+
+ private:
+  std::vector<uint64_t> buffer_;
+};
 ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat);
 
 // FLOPs of one forward over t tokens: the linear layers (2 per multiply-add) plus causal
