@@ -16,8 +16,15 @@ using namespace kvevict;
 
 namespace {
 
+// Equal bit patterns, with a NaN matching any NaN: which NaN a multiply of two NaNs
+// returns follows the operand order the compiler picks for a commutative op (ATen's
+// release build and this project's -O1 sanitizer build pick differently), not the
+// arithmetic. Every other value, -0 and +0 included, must match bit for bit.
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && torch::equal(a.contiguous().view(torch::kInt32), b.contiguous().view(torch::kInt32));
+  if (a.sizes() != b.sizes()) return false;
+  const auto a_nan = torch::isnan(a), b_nan = torch::isnan(b);
+  return torch::equal(a_nan, b_nan) && torch::equal(a.masked_fill(a_nan, 0).contiguous().view(torch::kInt32),
+                                                    b.masked_fill(b_nan, 0).contiguous().view(torch::kInt32));
 }
 
 struct ThreadCountGuard {

@@ -293,6 +293,25 @@ TEST_CASE("a pickle that calls os.system or any other global is refused and noth
   }
 }
 
+TEST_CASE("a pickle that puts a list or dict inside itself is refused", "[pickle][errors]") {
+  // Through the memo a container can be appended to itself: a shared_ptr cycle that
+  // would never be freed (fuzz_pytorch_bin found it under LeakSanitizer).
+  auto dir = test::temp_dir("pickle_cycle");
+  std::ofstream(fs::path(dir) / "config.json")
+      << test::read_text(test::data("models/tiny-random-opt-bin/config.json"));
+  const fs::path file = fs::path(dir) / "pytorch_model.bin";
+  const std::vector<std::pair<Bytes, std::string>> cases = {
+      {Bytes("\x80\x02]q\x00h\x00" "a.", 9), "APPEND would put a list inside itself"},  // l.append(l)
+      {Bytes("\x80\x02]q\x00(]h\x00" "ae.", 12), "APPENDS would put a list inside itself"},  // l.extend([[l]])
+      {Bytes("\x80\x02}q\x00X\x01\x00\x00\x00kh\x00s.", 15), "SETITEM would put a dict inside itself"},  // d['k'] = d
+  };
+  for (const auto& [payload, named] : cases) {
+    INFO(named);
+    write_file(file, write_zip({{"archive/data.pkl", payload}, {"archive/version", "3\n"}}, false));
+    CHECK_THAT(open_error(dir), Catch::Contains(file.string()) && Catch::Contains(named));
+  }
+}
+
 TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file and tensor", "[pickle][errors]") {
   const std::string model = "models/tiny-random-opt-bin";
   SECTION("truncated zip: the file ends inside a storage record") {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <unordered_set>
 
 #include "harness/common/errors.h"
 
@@ -128,6 +129,7 @@ class Reader {
   ValuePtr reduce(const ValuePtr& callable, const ValuePtr& args);
   ValuePtr persistent_load(const ValuePtr& pid);
   void set_items(const ValuePtr& dict, const std::vector<ValuePtr>& kv);
+  void refuse_cycle(const ValuePtr& container, const std::vector<ValuePtr>& added) const;
   static std::vector<int64_t> int_tuple(const ValuePtr& v, bool* ok);
   ValuePtr read_literal();
   [[noreturn]] void refuse_opcode() const;
@@ -222,9 +224,38 @@ ValuePtr Reader::persistent_load(const ValuePtr& pid) {
   return v;
 }
 
+// Whether `root` is `target` or holds it at any depth (each value visited once).
+bool reaches(const ValuePtr& root, const Value* target) {
+  std::vector<const Value*> todo{root.get()};
+  std::unordered_set<const Value*> seen;
+  while (!todo.empty()) {
+    const Value* v = todo.back();
+    todo.pop_back();
+    if (v == target) return true;
+    if (!seen.insert(v).second) continue;
+    for (const auto& item : v->items) todo.push_back(item.get());
+    for (const auto& [key, value] : v->entries) {
+      todo.push_back(key.get());
+      todo.push_back(value.get());
+    }
+  }
+  return false;
+}
+
+// A list or dict that came to hold itself (the memo makes that two opcodes) would be a
+// shared_ptr cycle that is never freed (fuzz_pytorch_bin found it); a state dict never
+// holds one, so it is refused.
+void Reader::refuse_cycle(const ValuePtr& container, const std::vector<ValuePtr>& added) const {
+  for (const auto& value : added)
+    if ((!value->items.empty() || !value->entries.empty() || value == container) && reaches(value, container.get()))
+      fail(std::string(opcode_name(op_)) + " would put a " + kind_name(container->kind) +
+           " inside itself (a reference cycle); a state dict holds none");
+}
+
 void Reader::set_items(const ValuePtr& dict, const std::vector<ValuePtr>& kv) {
   if (dict->kind != Kind::Dict) fail(std::string("SETITEM(S) on a ") + kind_name(dict->kind) + ", not a dict");
   if (kv.size() % 2) fail("SETITEMS with an odd number of items");
+  refuse_cycle(dict, kv);
   for (size_t i = 0; i < kv.size(); i += 2) {
     bool replaced = false;
     if (kv[i]->kind == Kind::String)
@@ -373,12 +404,14 @@ Unpickled Reader::run() {
       case 'a': {
         ValuePtr value = pop();
         if (top()->kind != Kind::List) fail("APPEND to a non-list");
+        refuse_cycle(top(), {value});
         top()->items.push_back(value);
         break;
       }
       case 'e': {
         auto values = pop_to_mark();
         if (top()->kind != Kind::List) fail("APPENDS to a non-list");
+        refuse_cycle(top(), values);
         top()->items.insert(top()->items.end(), values.begin(), values.end());
         break;
       }

@@ -12,7 +12,8 @@
 // AVX2 sequence, taken only where ATen itself runs its AVX2 kernels (it asks ATen's
 // dispatcher: ATEN_CPU_CAPABILITY or another CPU picks others) and where every visible
 // logit gives a finite maximum; otherwise ATen's softmax runs.
-// tests/test_causal_softmax.cpp compares the two bit for bit.
+// tests/test_causal_softmax.cpp compares the two bit for bit (a NaN matches any NaN:
+// which one a product of two NaNs gives depends on the compiler's operand order).
 #pragma once
 #include <cstdint>
 
