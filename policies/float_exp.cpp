@@ -91,14 +91,7 @@ void exp_of_difference_scalar(const float* x, float shift, float* out, int n) {
 bool vector_loop_matches_expf() {
 #ifdef KVEVICT_FLOAT_EXP_AVX2
   if (!vector_expf_supported()) return false;
-  std::vector<float> in;
-  for (uint32_t sign : {0u, 0x80000000u})
-    for (uint32_t bits = 0; bits <= 0x43000000u; bits += 2048) {
-      float v;
-      const uint32_t pattern = bits | sign;
-      std::memcpy(&v, &pattern, sizeof v);
-      in.push_back(v);
-    }
+  std::vector<float> in = expf_main_range_floats(2048);
   for (float v : {0.0f, -0.0f, 88.7f, 88.8f, -87.3f, -103.9f, -104.0f, 1e30f, -1e30f, INFINITY, -INFINITY, NAN})
     in.push_back(v);
   std::vector<float> vector_out(in.size()), libm_out(in.size());
@@ -111,6 +104,18 @@ bool vector_loop_matches_expf() {
 }
 
 }  // namespace
+
+std::vector<float> expf_main_range_floats(uint32_t stride) {
+  std::vector<float> floats;
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t bits = 0; bits <= 0x43000000u; bits += stride) {  // 0x43000000 is 2^7
+      float v;
+      const uint32_t pattern = bits | sign;
+      std::memcpy(&v, &pattern, sizeof v);
+      floats.push_back(v);
+    }
+  return floats;
+}
 
 bool vector_expf_supported() {
 #ifdef KVEVICT_FLOAT_EXP_AVX2

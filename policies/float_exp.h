@@ -10,6 +10,8 @@
 // this process (another libm, or a CPU where glibc picks another expf, keeps the calls).
 // tests/test_float_exp.cpp compares the two.
 #pragma once
+#include <cstdint>
+#include <vector>
 
 namespace kvevict {
 
@@ -22,5 +24,9 @@ bool vector_expf_in_use();
 // The vector loop alone, for the tests (only where the CPU has AVX2 and FMA).
 bool vector_expf_supported();
 void exp_of_difference_vector(const float* x, float shift, float* out, int n);
+
+// Every stride-th float bit pattern of the loop's main range [-2^7, 2^7], both signs:
+// what the self-check (stride 2048) and the tests compare against expf.
+std::vector<float> expf_main_range_floats(uint32_t stride);
 
 }  // namespace kvevict

@@ -40,14 +40,7 @@ TEST_CASE("the vector expf has expf's bits", "[policy][exp]") {
   CHECK(vector_expf_in_use());
   // Every 61st float of the whole main range [-2^7, 2^7], both signs (about 35M values;
   // an odd stride reaches every residue of the bits the table index comes from).
-  std::vector<float> x;
-  for (uint32_t sign : {0u, 0x80000000u})
-    for (uint32_t bits = 0; bits <= 0x43000000u; bits += 61) {
-      float v;
-      const uint32_t pattern = bits | sign;
-      std::memcpy(&v, &pattern, sizeof v);
-      x.push_back(v);
-    }
+  std::vector<float> x = expf_main_range_floats(61);
   CHECK(differing(x, 0.0f, exp_of_difference_vector) == 0);
   // Beyond it: overflow, underflow, subnormal results, infinities, NaN (expf's own calls).
   x = {88.72f, 88.73f, 89.0f, -87.0f, -87.4f, -100.0f, -103.97f, -104.0f, -150.0f, 1e20f, -1e20f,

@@ -10,7 +10,6 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <map>
 #include <random>
 #include <sstream>
 
@@ -220,14 +219,14 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   }
   // The full forward and the policies take turns, `repeat` rounds, each keeping its best:
   // a slow stretch of a shared machine then falls on all of them, not on whichever ran in it.
-  std::vector<std::unique_ptr<Policy>> sim_runs;
-  sim_runs.push_back(std::move(full));
-  for (const auto& name : policies) sim_runs.push_back(policy_with_budget(name));
+  std::vector<std::unique_ptr<Policy>> sim_policies;
+  for (const auto& name : policies) sim_policies.push_back(policy_with_budget(name));
+  std::vector<const Policy*> sim_runs = {full.get()};
+  for (const auto& policy : sim_policies) sim_runs.push_back(policy.get());
   std::vector<double> sim_seconds(sim_runs.size(), 1e30);
   for (int round = 0; round < std::max(1, repeat); ++round)
     for (size_t i = 0; i < sim_runs.size(); ++i)
       sim_seconds[i] = std::min(sim_seconds[i], best_seconds(1, [&] { score_sequence(*model, *sim_runs[i], Mode::Sim, seq); }));
-  full = std::move(sim_runs[0]);
   const double full_sim = sim_seconds[0];
   std::cout << "sim_forward full T=" << T << " seconds " << full_sim << " tokens_per_s " << T / full_sim
             << " load_average " << load_average() << std::endl;
