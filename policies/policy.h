@@ -150,6 +150,18 @@ class RealisablePolicy : public Policy {
   virtual std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const = 0;
 };
 
+// A causal sim-only policy's pass over one layer, fed the logits a block of query rows at
+// a time as the harness computes them, so no [n_q][T][T] logits buffer is made and each
+// block is read while it is still in cache.
+class SimLayerRows {
+ public:
+  virtual ~SimLayerRows() = default;
+  // Query rows r0 .. r0+rows-1 of every head, blocks in order from r0 = 0: logits
+  // [n_q][rows][n] with n = r0 + rows keys (entries above the diagonal ignored) into
+  // those rows of probs [n_q][T][T] (which arrives zeroed).
+  virtual void rows(int r0, int rows, int n, const float* logits, float* probs) = 0;
+};
+
 // Needs what a real cache does not hold (the unmasked softmax, future queries): sim mode only.
 class SimOnlyPolicy : public Policy {
  public:
@@ -162,6 +174,11 @@ class SimOnlyPolicy : public Policy {
   // Budgets refer to shape.length.
   virtual void simulate_layer(int layer, const SequenceShape& shape, int T, const float* logits,
                               float* probs) const = 0;
+  // Causal policies (no row's mask depends on a later row) may also run block by block:
+  // the same probabilities as simulate_layer. Null: the harness calls simulate_layer.
+  virtual std::unique_ptr<SimLayerRows> layer_rows(int layer, const SequenceShape& shape, int T) const {
+    return nullptr;
+  }
 };
 
 // Softmax over keys 0..i of one logits row, only the kept ones when `keep` is given

@@ -151,6 +151,27 @@ void check_h2o_paper_against_reference(const std::vector<float>& logits, const S
         differ += std::memcmp(&probs[x], &expected[x], sizeof(float)) != 0;
       INFO("ratio " << ratio << " threads " << threads);
       CHECK(differ == 0);
+      // Fed a block of rows at a time, as sim mode streams them ([n_q][rows][n] with n
+      // = r0 + rows keys): the same bits, for blocks that split a group of eight rows.
+      for (int block_rows : {13, 8, 1}) {
+        std::vector<float> streamed(logits.size(), 0.0f), block;
+        auto pass = policy->as_sim_only()->layer_rows(0, shape, T);
+        REQUIRE(pass != nullptr);
+        for (int r0 = 0; r0 < T; r0 += block_rows) {
+          const int rows = std::min(block_rows, T - r0), n = r0 + rows;
+          block.assign(static_cast<size_t>(n_q) * rows * n, std::numeric_limits<float>::quiet_NaN());
+          for (int h = 0; h < n_q; ++h)
+            for (int r = 0; r < rows; ++r)
+              std::copy_n(logits.begin() + (static_cast<size_t>(h) * T + r0 + r) * T, r0 + r + 1,
+                          block.begin() + (static_cast<size_t>(h) * rows + r) * n);
+          pass->rows(r0, rows, n, block.data(), streamed.data());
+        }
+        size_t streamed_differ = 0;
+        for (size_t x = 0; x < streamed.size(); ++x)
+          streamed_differ += std::memcmp(&streamed[x], &expected[x], sizeof(float)) != 0;
+        INFO("blocks of " << block_rows << " rows");
+        CHECK(streamed_differ == 0);
+      }
     }
   }
   set_thread_count(threads_before);
@@ -160,59 +181,64 @@ void check_h2o_paper_against_reference(const std::vector<float>& logits, const S
 
 TEST_CASE("h2o-paper's drop-one and threaded heads agree bit for bit with its sort-based rule",
           "[policies][units][selection]") {
-  const int T = 96, n_q = 5;
-  std::mt19937 rng(3);
-  std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
-  // Few distinct logits: equal accumulated scores happen and their tie-break decides.
-  for (size_t x = 0; x < logits.size(); ++x) logits[x] = static_cast<float>(rng() % 3);
-  for (int i = 0; i < T; ++i)
-    std::fill_n(logits.begin() + static_cast<size_t>(i) * T, T, 1.0f);  // head 0: all logits equal
-  // Head 1: the first rows attend only their own key (the others' probabilities underflow
-  // to 0), so every key's accumulated score is exactly 1 and only the tie-break chooses;
-  // the later rows attend uniformly, so which keys stayed shows in their probabilities.
-  for (int i = 0; i < T; ++i)
-    for (int j = 0; j < T; ++j)
-      logits[(static_cast<size_t>(T) + i) * T + j] = i >= 32 || i == j ? 0.0f : -200.0f;
-  // Heads 2 and 3: continuous logits, so a row's maximum is often not among the kept
-  // keys; head 3 also hides the keys older than a window of 10, as a model's sliding
-  // window does before the policy sees the logits.
-  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
-  for (int h = 2; h <= 3; ++h)
+  // 91 rows: h2o-paper takes rows eight at a time, and the last group is shorter.
+  for (const int T : {96, 91}) {
+    const int n_q = 5;
+    std::mt19937 rng(3);
+    std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
+    // Few distinct logits: equal accumulated scores happen and their tie-break decides.
+    for (size_t x = 0; x < logits.size(); ++x) logits[x] = static_cast<float>(rng() % 3);
+    for (int i = 0; i < T; ++i)
+      std::fill_n(logits.begin() + static_cast<size_t>(i) * T, T, 1.0f);  // head 0: all logits equal
+    // Head 1: the first rows attend only their own key (the others' probabilities underflow
+    // to 0), so every key's accumulated score is exactly 1 and only the tie-break chooses;
+    // the later rows attend uniformly, so which keys stayed shows in their probabilities.
     for (int i = 0; i < T; ++i)
       for (int j = 0; j < T; ++j)
-        logits[(static_cast<size_t>(h) * T + i) * T + j] =
-            h == 3 && j <= i - 10 ? -std::numeric_limits<float>::infinity() : uniform(rng);
-  SequenceShape shape;
-  shape.length = T;
-  shape.n_layers = 1;
-  shape.n_q_heads = shape.n_kv_heads = n_q;
-  check_h2o_paper_against_reference(logits, shape, {0.1, 0.3, 0.6}, false);
+        logits[(static_cast<size_t>(T) + i) * T + j] = i >= 32 || i == j ? 0.0f : -200.0f;
+    // Heads 2 and 3: continuous logits, so a row's maximum is often not among the kept
+    // keys; head 3 also hides the keys older than a window of 10, as a model's sliding
+    // window does before the policy sees the logits.
+    std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+    for (int h = 2; h <= 3; ++h)
+      for (int i = 0; i < T; ++i)
+        for (int j = 0; j < T; ++j)
+          logits[(static_cast<size_t>(h) * T + i) * T + j] =
+              h == 3 && j <= i - 10 ? -std::numeric_limits<float>::infinity() : uniform(rng);
+    SequenceShape shape;
+    shape.length = T;
+    shape.n_layers = 1;
+    shape.n_q_heads = shape.n_kv_heads = n_q;
+    check_h2o_paper_against_reference(logits, shape, {0.1, 0.3, 0.6}, false);
+  }
 }
 
 TEST_CASE("h2o-paper on rows with NaN and all -inf logits agrees bit for bit with its sort-based rule",
           "[policies][units][selection]") {
-  const int T = 80, n_q = 3;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  std::mt19937 rng(29);
-  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
-  std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
-  for (float& l : logits) l = uniform(rng);
-  auto at = [&](int h, int i, int j) -> float& { return logits[(static_cast<size_t>(h) * T + i) * T + j]; };
-  // Head 0: a NaN logit now and then (its row's sums turn NaN, and with them the
-  // probabilities of keys the row does not keep).
-  for (int i = 0; i < T; i += 7) at(0, i, (i * 5) % (i + 1)) = std::numeric_limits<float>::quiet_NaN();
-  // Head 1: rows whose every logit is -inf (NaN exponentials), and rows where only the
-  // evicted keys carry the maximum.
-  for (int i = 30; i < T; i += 9)
-    for (int j = 0; j <= i; ++j) at(1, i, j) = -kInf;
-  for (int i = 40; i < T; i += 5) at(1, i, 1) = 50.0f;
-  // Head 2: +inf logits.
-  for (int i = 20; i < T; i += 11) at(2, i, i / 2) = kInf;
-  SequenceShape shape;
-  shape.length = T;
-  shape.n_layers = 1;
-  shape.n_q_heads = shape.n_kv_heads = n_q;
-  check_h2o_paper_against_reference(logits, shape, {0.1, 0.25, 0.5}, true);
+  for (const int T : {80, 77}) {
+    const int n_q = 3;
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    std::mt19937 rng(29);
+    std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+    std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
+    for (float& l : logits) l = uniform(rng);
+    auto at = [&](int h, int i, int j) -> float& { return logits[(static_cast<size_t>(h) * T + i) * T + j]; };
+    // Head 0: a NaN logit now and then (its row's sums turn NaN, and with them the
+    // probabilities of keys the row does not keep).
+    for (int i = 0; i < T; i += 7) at(0, i, (i * 5) % (i + 1)) = std::numeric_limits<float>::quiet_NaN();
+    // Head 1: rows whose every logit is -inf (NaN exponentials), and rows where only the
+    // evicted keys carry the maximum.
+    for (int i = 30; i < T; i += 9)
+      for (int j = 0; j <= i; ++j) at(1, i, j) = -kInf;
+    for (int i = 40; i < T; i += 5) at(1, i, 1) = 50.0f;
+    // Head 2: +inf logits.
+    for (int i = 20; i < T; i += 11) at(2, i, i / 2) = kInf;
+    SequenceShape shape;
+    shape.length = T;
+    shape.n_layers = 1;
+    shape.n_q_heads = shape.n_kv_heads = n_q;
+    check_h2o_paper_against_reference(logits, shape, {0.1, 0.25, 0.5}, true);
+  }
 }
 
 TEST_CASE("windowed scores: the running sum and the eight-lane sum equal the plain loop bit for bit",
