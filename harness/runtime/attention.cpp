@@ -7,6 +7,7 @@
 
 #include "harness/common/errors.h"
 #include "harness/runtime/causal_softmax.h"
+#include "harness/runtime/double_exp.h"
 
 namespace kvevict {
 namespace {
@@ -237,16 +238,21 @@ namespace {
 template <typename Scalar>
 int masked_slot_softmax(Scalar* logits, int64_t n, const std::vector<int>& pos, int slots, int64_t oldest_visible,
                         const char* vis, double* exps, float* out) {
+  auto attended = [&](int s) { return pos[s] >= oldest_visible && (!vis || vis[s]); };
   double m = -std::numeric_limits<double>::infinity();
   for (int s = 0; s < slots; ++s)
-    if (pos[s] >= oldest_visible && (!vis || vis[s])) m = std::max<double>(m, logits[pos[s]]);
+    if (attended(s)) m = std::max<double>(m, logits[pos[s]]);
+  // exp(l - m) of the attended slots, four at a time with std::exp's bits (double_exp.h);
+  // the others get a stand-in on exp's fast path, then 0.
+  for (int s = 0; s < slots; ++s) exps[s] = attended(s) ? logits[pos[s]] - m : -1.0;
+  exp_doubles(exps, exps, slots);
   double sum = 0;  // exponentials summed in double: no rounding noise of its own
   int seen = 0;
   for (int s = 0; s < slots; ++s) {
-    const bool attended = pos[s] >= oldest_visible && (!vis || vis[s]);
-    exps[s] = attended ? std::exp(logits[pos[s]] - m) : 0.0;
+    const bool is_attended = attended(s);
+    if (!is_attended) exps[s] = 0.0;
     sum += exps[s];
-    seen += attended;
+    seen += is_attended;
   }
   const double inv = 1.0 / sum;
   std::fill(logits, logits + n, Scalar(0));

@@ -1,0 +1,216 @@
+#include "harness/runtime/double_exp.h"
+
+#include <gmp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVEVICT_DOUBLE_EXP_AVX2 1
+#endif
+
+namespace kvevict {
+namespace {
+
+#ifdef KVEVICT_DOUBLE_EXP_AVX2
+#define AVX2_FMA __attribute__((target("avx2,fma")))
+
+constexpr int kTableBits = 7, kTableSize = 1 << kTableBits;  // 2^(k/128)
+
+uint64_t bits_of(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// The double nearest the positive integer q times 2^scale. q is the quotient of integers
+// that are each within one unit of exact, so it is within 2^kSlack units of the exact
+// value, which is irrational (never a tie). False when q is too short, or when its bits
+// between the slack and the rounding bit are all zeros or all ones: the rounding could
+// then go either way.
+bool nearest_double(const mpz_t q, long scale, double* out) {
+  constexpr long kSlack = 80, kMargin = 16;
+  const long length = static_cast<long>(mpz_sizeinbase(q, 2)), drop = length - 53;
+  if (drop - 1 < kSlack + kMargin) return false;
+  mpz_t top, between;
+  mpz_init(top);
+  mpz_init(between);
+  mpz_fdiv_q_2exp(top, q, drop);
+  mpz_fdiv_r_2exp(between, q, drop - 1);  // the bits below the rounding bit ...
+  mpz_fdiv_q_2exp(between, between, kSlack);  // ... above the slack
+  const long width = drop - 1 - kSlack;
+  const bool undecided = mpz_sgn(between) == 0 || static_cast<long>(mpz_popcount(between)) == width;
+  if (mpz_tstbit(q, drop - 1)) mpz_add_ui(top, top, 1);
+  *out = std::ldexp(static_cast<double>(mpz_get_ui(top)), static_cast<int>(drop + scale));
+  mpz_clear(top);
+  mpz_clear(between);
+  return !undecided;
+}
+
+// exp's table, by glibc's definition: for k < 128, H = the double nearest 2^(k/128) and
+// tail = the double nearest (2^(k/128) - H) / H, stored as tail's bits and as H's bits
+// less k << 45 (adding k's multiple of 128 then lands in the exponent).
+struct ExpTable {
+  uint64_t tail[kTableSize];
+  uint64_t scale[kTableSize];
+  bool exact = true;
+  ExpTable() {
+    constexpr long kBits = 200;  // X = floor(2^(200 + k/128)), from an integer 128th root
+    mpz_t power, x, h, d, q;
+    mpz_inits(power, x, h, d, q, nullptr);
+    for (int k = 0; k < kTableSize; ++k) {
+      mpz_ui_pow_ui(power, 2, static_cast<unsigned long>(kBits * kTableSize + k));
+      mpz_root(x, power, kTableSize);
+      // H: X's top 53 bits, rounded to nearest (X lies in [2^200, 2^201)).
+      mpz_fdiv_q_2exp(h, x, kBits - 52);
+      if (mpz_tstbit(x, kBits - 53)) mpz_add_ui(h, h, 1);
+      const double H = std::ldexp(static_cast<double>(mpz_get_ui(h)), -52);
+      // tail = (X - H * 2^200) / (H * 2^200), its magnitude to 128 more bits than it has.
+      mpz_mul_2exp(d, h, kBits - 52);
+      mpz_sub(d, x, d);
+      double tail = 0.0;
+      if (mpz_sgn(d) != 0) {
+        const int sign = mpz_sgn(d);
+        mpz_abs(d, d);
+        mpz_mul_2exp(d, d, 128);
+        mpz_fdiv_q(q, d, h);  // |tail| = q * 2^-(148 + 128)
+        exact = nearest_double(q, -(kBits - 52) - 128, &tail) && exact;
+        tail = sign < 0 ? -tail : tail;
+      }
+      this->tail[k] = bits_of(tail);
+      scale[k] = bits_of(H) - (static_cast<uint64_t>(k) << 45);
+    }
+    mpz_clears(power, x, h, d, q, nullptr);
+  }
+};
+
+
+const ExpTable& table() {
+  static const ExpTable t;
+  return t;
+}
+
+// glibc's exp constants: 128 / ln 2, ln 2 / 128 in two parts, the quintic's C2..C5, the
+// rounding shift.
+constexpr double kInvLn2N = 0x1.71547652b82fep+7;
+constexpr double kNegLn2HiN = -0x1.62e42fefa0000p-8, kNegLn2LoN = -0x1.cf79abc9e3b3ap-47;
+constexpr double kC2 = 0x1.ffffffffffdbdp-2, kC3 = 0x1.555555555543cp-3;
+constexpr double kC4 = 0x1.55555cf172b91p-5, kC5 = 0x1.1111167a4d017p-7;
+constexpr double kShift = 0x1.8p+52;
+
+// Four doubles through exp's main path: every step as the FMA build of glibc's exp
+// computes it. outside: the lanes that path does not cover (exp's own test: the top 12
+// bits of |x| less those of 2^-54, unsigned, at least those of 512 less 2^-54).
+AVX2_FMA inline __m256d exp_main_path(__m256d x, const ExpTable& t, int* outside) {
+  const __m256i top = _mm256_and_si256(_mm256_srli_epi64(_mm256_castpd_si256(x), 52), _mm256_set1_epi64x(0x7ff));
+  const __m256i offset = _mm256_sub_epi64(top, _mm256_set1_epi64x(0x3c9));
+  // Unsigned offset >= 0x3f: offset > 0x3e signed, or negative.
+  const __m256i out_of_path = _mm256_or_si256(_mm256_cmpgt_epi64(offset, _mm256_set1_epi64x(0x3e)),
+                                               _mm256_cmpgt_epi64(_mm256_setzero_si256(), offset));
+  *outside = _mm256_movemask_pd(_mm256_castsi256_pd(out_of_path));
+  const __m256d shift = _mm256_set1_pd(kShift);
+  __m256d kd = _mm256_fmadd_pd(x, _mm256_set1_pd(kInvLn2N), shift);
+  const __m256i ki = _mm256_castpd_si256(kd);
+  kd = _mm256_sub_pd(kd, shift);
+  __m256d r = _mm256_fmadd_pd(kd, _mm256_set1_pd(kNegLn2HiN), x);
+  r = _mm256_fmadd_pd(kd, _mm256_set1_pd(kNegLn2LoN), r);
+  const __m256i index = _mm256_and_si256(ki, _mm256_set1_epi64x(kTableSize - 1));
+  const __m256d tail = _mm256_castsi256_pd(
+      _mm256_i64gather_epi64(reinterpret_cast<const long long*>(t.tail), index, 8));
+  const __m256i scale_bits = _mm256_add_epi64(
+      _mm256_i64gather_epi64(reinterpret_cast<const long long*>(t.scale), index, 8), _mm256_slli_epi64(ki, 45));
+  const __m256d c23 = _mm256_fmadd_pd(r, _mm256_set1_pd(kC3), _mm256_set1_pd(kC2));
+  const __m256d tail_r = _mm256_add_pd(r, tail);
+  const __m256d r2 = _mm256_mul_pd(r, r);
+  const __m256d c45 = _mm256_fmadd_pd(r, _mm256_set1_pd(kC5), _mm256_set1_pd(kC4));
+  const __m256d low = _mm256_fmadd_pd(c23, r2, tail_r);
+  const __m256d tmp = _mm256_fmadd_pd(_mm256_mul_pd(r2, r2), c45, low);
+  const __m256d scale = _mm256_castsi256_pd(scale_bits);
+  return _mm256_fmadd_pd(scale, tmp, scale);
+}
+
+AVX2_FMA void exp_doubles_avx2(const double* x, double* out, int n) {
+  const ExpTable& t = table();
+  int k = 0;
+  for (; k + 4 <= n; k += 4) {
+    alignas(32) double in[4];
+    const __m256d v = _mm256_loadu_pd(x + k);
+    _mm256_store_pd(in, v);
+    int outside = 0;
+    _mm256_storeu_pd(out + k, exp_main_path(v, t, &outside));
+    if (outside != 0)
+      for (int lane = 0; lane < 4; ++lane)
+        if (outside & (1 << lane)) out[k + lane] = std::exp(in[lane]);
+  }
+  for (; k < n; ++k) out[k] = std::exp(x[k]);
+}
+#endif
+
+// The vector loop against std::exp on about a million doubles spread over every binade
+// of the main path, the specials and the path's ends: a few milliseconds, once per process.
+bool vector_loop_matches_exp() {
+#ifdef KVEVICT_DOUBLE_EXP_AVX2
+  if (!vector_exp_supported() || !table().exact) return false;
+  std::vector<double> in = exp_main_path_doubles(uint64_t{1} << 40, 12345);
+  for (double v : {0.0, -0.0, 0x1p-54, -0x1p-54, 0x1.fffffffffffffp-55, 511.9999, 512.0, -512.0, 709.7, 709.8,
+                   -745.1, -745.2, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN()})
+    in.push_back(v);
+  std::vector<double> vector_out(in.size()), libm_out(in.size());
+  exp_doubles_avx2(in.data(), vector_out.data(), static_cast<int>(in.size()));
+  for (size_t k = 0; k < in.size(); ++k) libm_out[k] = std::exp(in[k]);
+  return std::memcmp(vector_out.data(), libm_out.data(), in.size() * sizeof(double)) == 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+std::vector<double> exp_main_path_doubles(uint64_t stride, uint64_t offset) {
+  std::vector<double> doubles;
+  constexpr uint64_t kMantissa = (uint64_t{1} << 52) - 1;
+  for (uint64_t sign : {uint64_t{0}, uint64_t{1} << 63})
+    for (uint64_t exponent = 0x3c9; exponent < 0x408; ++exponent)  // binades 2^-54 .. 2^8
+      for (uint64_t mantissa = offset % stride; mantissa <= kMantissa; mantissa += stride) {
+        const uint64_t pattern = sign | exponent << 52 | mantissa;
+        double v;
+        std::memcpy(&v, &pattern, sizeof v);
+        doubles.push_back(v);
+      }
+  return doubles;
+}
+
+bool vector_exp_supported() {
+#ifdef KVEVICT_DOUBLE_EXP_AVX2
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+bool vector_exp_in_use() {
+  static const bool in_use = vector_loop_matches_exp();
+  return in_use;
+}
+
+void exp_doubles_vector(const double* x, double* out, int n) {
+#ifdef KVEVICT_DOUBLE_EXP_AVX2
+  if (vector_exp_supported()) return exp_doubles_avx2(x, out, n);
+#endif
+  for (int k = 0; k < n; ++k) out[k] = std::exp(x[k]);
+}
+
+void exp_doubles(const double* x, double* out, int n) {
+  if (vector_exp_in_use())
+    exp_doubles_vector(x, out, n);
+  else
+    for (int k = 0; k < n; ++k) out[k] = std::exp(x[k]);
+}
+
+}  // namespace kvevict

@@ -1,0 +1,71 @@
+// std::exp on doubles four at a time (harness/runtime/double_exp.h): exp's bits.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "harness/runtime/double_exp.h"
+#include <catch2/catch.hpp>
+
+using namespace kvevict;
+
+namespace {
+
+uint64_t bits_of(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// How many of the outputs differ in any bit from std::exp(x).
+int differing(const std::vector<double>& x, void (*exp_fn)(const double*, double*, int)) {
+  std::vector<double> out(x.size());
+  exp_fn(x.data(), out.data(), static_cast<int>(x.size()));
+  int wrong = 0;
+  for (size_t k = 0; k < x.size(); ++k) wrong += bits_of(out[k]) != bits_of(std::exp(x[k]));
+  return wrong;
+}
+
+}  // namespace
+
+TEST_CASE("the vector exp has exp's bits", "[runtime][exp]") {
+  if (!vector_exp_supported()) {
+    WARN("this CPU has no AVX2 and FMA: only the calls to exp run");
+    CHECK_FALSE(vector_exp_in_use());
+    return;
+  }
+  // Where glibc's FMA exp is the libm (Debian on x86-64), the self-check passes.
+  CHECK(vector_exp_in_use());
+  // 65536 doubles of every binade of the main path, both signs (about 8M values), at an
+  // offset the self-check does not use; the low 7 bits of k, the table index, take every
+  // value many times over.
+  std::vector<double> x = exp_main_path_doubles(uint64_t{1} << 36, 777);
+  CHECK(x.size() > 8000000);
+  CHECK(differing(x, exp_doubles_vector) == 0);
+  // The path's ends and beyond: tiny arguments, 512 and up (glibc's scaled special
+  // case), overflow, underflow, subnormal results, infinities, NaN (exp's own calls).
+  x = {0.0, -0.0, 0x1p-54, -0x1p-54, 0x1.fffffffffffffp-55, 0x1p-60, 511.99999, 512.0, -512.0, 600.0, -700.0, 709.78,
+       709.79, -708.4, -708.5, -740.0, -745.13, -745.14, 1e300, -1e300, std::numeric_limits<double>::infinity(),
+       -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()};
+  CHECK(differing(x, exp_doubles_vector) == 0);
+  // Slots as sim mode's masked softmax passes them: float logits less their maximum in
+  // double, any length (the tail of fewer than four calls exp), in place.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 6.0f);
+  for (int n : {1, 3, 4, 5, 17, 1000}) {
+    std::vector<float> logits(n);
+    for (float& v : logits) v = normal(rng);
+    double m = logits[0];
+    for (float v : logits) m = std::max<double>(m, v);
+    std::vector<double> row(n), in_place(n);
+    for (int k = 0; k < n; ++k) row[k] = in_place[k] = logits[k] - m;
+    exp_doubles(in_place.data(), in_place.data(), n);
+    int wrong = 0;
+    for (int k = 0; k < n; ++k) wrong += bits_of(in_place[k]) != bits_of(std::exp(row[k]));
+    INFO("n " << n);
+    CHECK(wrong == 0);
+    CHECK(differing(row, exp_doubles) == 0);
+  }
+}
