@@ -65,42 +65,37 @@ torch::Tensor attention_logits(const torch::Tensor& q, const torch::Tensor& keys
   return heads_bmm(group_queries(q, keys.size(0)).to(acc), keys.transpose(1, 2).to(acc)).mul_(scale);
 }
 
-// Rows of the sim-only policies' input: the scaled logits of query rows r0 .. r0+rows-1
-// (q [T, Hq, d]) against keys 0 .. r0+rows-1 (keys_t [Hkv, d, T] in the accumulation
-// type), as one contiguous float32 CPU block [Hq, rows, r0 + rows]. Each logit is the same
-// length-d product of the same operands as in attention_logits' whole [T, T] product.
-torch::Tensor causal_logits_block(const torch::Tensor& q, const torch::Tensor& keys_t, int64_t r0, int64_t rows) {
-  const int64_t n_kv = keys_t.size(0), n = r0 + rows;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  auto block = heads_bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(keys_t.scalar_type()), keys_t.narrow(2, 0, n));
-  return block.mul_(scale).to(torch::kCPU, torch::kFloat32).contiguous().view({q.size(1), rows, n});
-}
-
 // Query rows per block of the sim-only policies' logits: few blocks, none small.
 constexpr int64_t kSimBlockRows = 256;
 
-// The scaled causal logits [Hq, T, T] of queries q [T, Hq, d] against keys [Hkv, T, d],
-// float32 on the CPU (the whole-layer sim-only policies' input), a block of rows at a time;
-// the entries above the diagonal, which the policies never read, are left unset.
-torch::Tensor causal_logits(const torch::Tensor& q, const torch::Tensor& keys) {
-  const int64_t T = q.size(0), hq = q.size(1);
+// The sim-only policies' input, a block of query rows at a time: for rows r0 .. r0+rows-1
+// of q [T, Hq, d], their scaled logits against keys 0 .. r0+rows-1 (keys [Hkv, T, d]) as
+// one contiguous float32 CPU block [Hq, rows, n = r0 + rows], with the keys a model's
+// sliding window hides from row i (j <= i - window) at -inf: the window comes before the
+// policy. Each logit is the same length-d product of the same operands as in
+// attention_logits' whole [T, T] product. Calls block_fn(r0, rows, n, block) in row order.
+template <typename BlockFn>
+void for_each_causal_logits_block(const torch::Tensor& q, const torch::Tensor& keys, int64_t window,
+                                  BlockFn&& block_fn) {
+  const int64_t T = q.size(0), hq = q.size(1), n_kv = keys.size(0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
   const auto keys_t = keys.transpose(1, 2).to(accumulation_type(q.scalar_type()));  // [Hkv, d, T]
-  auto logits = torch::empty({hq, T, T}, torch::kFloat32);
   for (int64_t r0 = 0; r0 < T; r0 += kSimBlockRows) {
-    const int64_t rows = std::min(kSimBlockRows, T - r0);
-    logits.narrow(1, r0, rows).narrow(2, 0, r0 + rows).copy_(causal_logits_block(q, keys_t, r0, rows));
+    const int64_t rows = std::min(kSimBlockRows, T - r0), n = r0 + rows;
+    auto block = heads_bmm(group_queries(q.narrow(0, r0, rows), n_kv).to(keys_t.scalar_type()), keys_t.narrow(2, 0, n))
+                     .mul_(scale)
+                     .to(torch::kCPU, torch::kFloat32)
+                     .contiguous()
+                     .view({hq, rows, n});
+    float* logits = block.data_ptr<float>();
+    if (window > 0)
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t hidden = std::min(n, r0 + r - window + 1);
+          if (hidden > 0) std::fill_n(logits + (h * rows + r) * n, hidden, -std::numeric_limits<float>::infinity());
+        }
+    block_fn(r0, rows, n, logits);
   }
-  return logits;
-}
-
-// Sets to -inf the logits of keys a model's sliding window hides from each query row of a
-// block [Hq, rows, n] starting at row r0: keys j <= i - window.
-void hide_outside_window(float* block, int64_t hq, int64_t r0, int64_t rows, int64_t n, int64_t window) {
-  for (int64_t h = 0; h < hq; ++h)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t hidden = std::min(n, r0 + r - window + 1);
-      if (hidden > 0) std::fill_n(block + (h * rows + r) * n, hidden, -std::numeric_limits<float>::infinity());
-    }
 }
 
 // probs [Hkv, g*t, n] times values [Hkv, n, d] -> [t, Hq*d] in `out_type`.
@@ -197,27 +192,27 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
     return out;
   }
   // Sim-only policies get float32 logits on the CPU, as the paper's code computes them.
-  // The window comes before the policy: those keys are gone.
   auto probs32 = torch::zeros({hq, T, T}, torch::kFloat32);
+  float* probs = probs32.data_ptr<float>();
   const SimOnlyPolicy& sim_only = *policy_.as_sim_only();
+  const auto keys = k.permute({1, 0, 2});  // [Hkv, T, d]
   if (auto rows_pass = sim_only.layer_rows(layer, shape_, static_cast<int>(T))) {
     // A causal policy takes each block of rows as it is computed, while it is in cache.
-    const auto keys_t = k.permute({1, 2, 0}).to(accumulation_type(q.scalar_type()));  // [Hkv, d, T]
-    for (int64_t r0 = 0; r0 < T; r0 += kSimBlockRows) {
-      const int64_t rows = std::min(kSimBlockRows, T - r0), n = r0 + rows;
-      auto block = causal_logits_block(q, keys_t, r0, rows);
-      if (sliding_window_ > 0) hide_outside_window(block.data_ptr<float>(), hq, r0, rows, n, sliding_window_);
-      rows_pass->rows(static_cast<int>(r0), static_cast<int>(rows), static_cast<int>(n), block.data_ptr<float>(),
-                      probs32.data_ptr<float>());
-    }
+    for_each_causal_logits_block(q, keys, sliding_window_, [&](int64_t r0, int64_t rows, int64_t n, const float* block) {
+      rows_pass->rows(static_cast<int>(r0), static_cast<int>(rows), static_cast<int>(n), block, probs);
+    });
   } else {
-    // The others see the whole layer at once: all T x T logits as one contiguous buffer,
-    // freed before the values.
-    auto logits32 = causal_logits(q, k.permute({1, 0, 2}));  // [Hq, T, T]
-    if (sliding_window_ > 0)
-      logits32.masked_fill_(torch::ones({T, T}, torch::kBool).tril(-sliding_window_),
-                            -std::numeric_limits<float>::infinity());
-    sim_only.simulate_layer(layer, shape_, static_cast<int>(T), logits32.data_ptr<float>(), probs32.data_ptr<float>());
+    // The others see the whole layer at once: all T x T logits as one contiguous buffer
+    // (the entries above the diagonal, which they never read, left unset), freed before
+    // the values.
+    auto logits32 = torch::empty({hq, T, T}, torch::kFloat32);
+    float* logits = logits32.data_ptr<float>();
+    for_each_causal_logits_block(q, keys, sliding_window_, [&](int64_t r0, int64_t rows, int64_t n, const float* block) {
+      for (int64_t h = 0; h < hq; ++h)
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(block + (h * rows + r) * n, n, logits + (h * T + r0 + r) * T);
+    });
+    sim_only.simulate_layer(layer, shape_, static_cast<int>(T), logits, probs);
   }
   const Budget b = policy_.layer_budget(layer, shape_);
   stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = std::min<int>(T, b.capacity + 1);
