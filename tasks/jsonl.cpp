@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "harness/common/files.h"
+
 namespace kvevict {
 namespace {
 
@@ -41,11 +43,7 @@ std::vector<JsonLine> read_jsonl(const std::string& path) {
   for (int line = 1; std::getline(in, text); ++line) {
     if (is_blank(text)) continue;
     JsonLine row{path, line, {}};
-    try {
-      row.value = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
-      row.fail(std::string("malformed JSON: ") + e.what());
-    }
+    row.value = parse_json(text, row.where());
     if (!row.value.is_object()) row.fail("expected a JSON object");
     rows.push_back(std::move(row));
   }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <regex>
 
+#include "harness/common/files.h"
 #include "tasks/fewshot.h"
 #include "tasks/jsonl.h"
 
@@ -45,14 +46,8 @@ std::string quoted(const std::string& text) {
 }
 
 nlohmann::json read_json_array(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("missing data file: " + path);
-  nlohmann::json items;
-  try {
-    items = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number too large
-    throw Error(path + ": malformed JSON: " + e.what());
-  }
+  if (!std::filesystem::exists(path)) throw Error("missing data file: " + path);
+  const nlohmann::json items = read_json_file(path);
   if (!items.is_array()) throw Error(path + ": expected a JSON array of MathQA items");
   return items;
 }

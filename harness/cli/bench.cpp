@@ -264,7 +264,7 @@ int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const 
   if (!in) throw Error(file + ": cannot open");
   for (std::string line; texts.size() < limit && std::getline(in, line);) {
     if (line.empty()) continue;
-    texts.push_back(nlohmann::json::parse(line).at(field).get<std::string>());
+    texts.push_back(parse_json(line, file).at(field).get<std::string>());
     bytes += texts.back().size();
   }
   std::cout << std::fixed << std::setprecision(3) << "texts " << texts.size() << " bytes " << bytes << " from "

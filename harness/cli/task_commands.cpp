@@ -12,6 +12,7 @@
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
+#include "harness/common/files.h"
 #include "harness/eval/evaluator.h"
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/result_rows.h"
@@ -120,7 +121,7 @@ int run_rouge(RougeArgs& rouge_args, const Invocation&) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      j = parse_json(line, rouge_args.jsonl + ":" + std::to_string(line_no));
     } catch (const std::exception&) {
       throw Error(rouge_args.jsonl + ":" + std::to_string(line_no) + ": malformed JSON line");
     }

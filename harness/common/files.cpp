@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "harness/common/errors.h"
 
@@ -26,14 +27,99 @@ std::string read_text_file(const std::string& path) {
   return bytes.str();
 }
 
-nlohmann::json read_json_file(const std::string& path) {
-  const std::string text = read_text_file(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": malformed JSON: " + json_error_message(e));
+namespace {
+
+// Builds the document from the parser's SAX events, as the JSON library's own builder
+// does, except that a key already in its object is an error: the object's map says so at
+// the insertion that would have overwritten it, so the check costs no extra lookup.
+class StrictJsonBuilder final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit StrictJsonBuilder(const std::string& where) : where_(where) {}
+  nlohmann::json& result() { return root_; }
+
+  bool null() override { return add(nullptr); }
+  bool boolean(bool value) override { return add(value); }
+  bool number_integer(number_integer_t value) override { return add(value); }
+  bool number_unsigned(number_unsigned_t value) override { return add(value); }
+  bool number_float(number_float_t value, const string_t&) override { return add(value); }
+  bool string(string_t& value) override { return add(std::move(value)); }
+  bool binary(binary_t& value) override { return add(nlohmann::json::binary(std::move(value))); }
+  bool start_object(std::size_t) override { return open(nlohmann::json::object()); }
+  bool start_array(std::size_t) override { return open(nlohmann::json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& key) override {
+    Open& object = open_.back();
+    auto [entry, fresh] = object.value->get_ref<nlohmann::json::object_t&>().emplace(std::move(key), nullptr);
+    if (!fresh) throw Error(where_ + ": key \"" + entry->first + "\" appears twice in " + open_path());
+    object.key = &entry->first;
+    next_ = &entry->second;
+    return true;
   }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& error) override {
+    throw Error(where_ + ": malformed JSON: " + json_error_message(error));
+  }
+
+ private:
+  struct Open {
+    nlohmann::json* value;
+    const std::string* key;  // objects: the key being read
+  };
+
+  // Where the next value goes: the document, the slot a key made, or the end of an array.
+  nlohmann::json* place(nlohmann::json&& value) {
+    if (open_.empty()) return &(root_ = std::move(value));
+    nlohmann::json& parent = *open_.back().value;
+    if (parent.is_array()) {
+      parent.get_ref<nlohmann::json::array_t&>().push_back(std::move(value));
+      return &parent.get_ref<nlohmann::json::array_t&>().back();
+    }
+    return &(*next_ = std::move(value));
+  }
+  bool add(nlohmann::json&& value) {
+    place(std::move(value));
+    return true;
+  }
+  bool open(nlohmann::json&& container) {
+    open_.push_back({place(std::move(container)), nullptr});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+
+  // The innermost open object as a path: "the top-level object", "model.vocab", "added_tokens[3]".
+  std::string open_path() const {
+    std::string path;
+    for (size_t i = 0; i + 1 < open_.size(); ++i) {
+      if (open_[i].value->is_object())
+        path += (path.empty() ? "" : ".") + *open_[i].key;
+      else
+        path += "[" + std::to_string(open_[i].value->size() - 1) + "]";
+    }
+    return path.empty() ? "the top-level object" : path;
+  }
+
+  const std::string& where_;
+  nlohmann::json root_;
+  std::vector<Open> open_;
+  nlohmann::json* next_ = nullptr;
+};
+
+}  // namespace
+
+nlohmann::json parse_json(std::string_view text, const std::string& where) {
+  StrictJsonBuilder builder(where);
+  try {
+    nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
+  } catch (const nlohmann::json::exception& e) {  // out_of_range for a number too large, ...
+    throw Error(where + ": malformed JSON: " + json_error_message(e));
+  }
+  return std::move(builder.result());
 }
+
+nlohmann::json read_json_file(const std::string& path) { return parse_json(read_text_file(path), path); }
 
 std::vector<int> read_tokens_file(const std::string& path) {
   if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a file");

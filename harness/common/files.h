@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvevict {
@@ -19,7 +20,13 @@ long long json_int(const nlohmann::json& value, const std::string& where, const 
 
 // The file's bytes; kvevict::Error "PATH: cannot open file" when it cannot be read.
 std::string read_text_file(const std::string& path);
-// The file parsed as JSON; kvevict::Error "PATH: malformed JSON: ..." when it is not.
+// JSON text parsed strictly: a key given twice in one object is an error (the JSON library
+// would keep the last one silently). Errors are one line naming `where` (a file, or
+// file:line), never the library's own text: "WHERE: malformed JSON: ..." or
+// "WHERE: key \"K\" appears twice in OBJECT" (OBJECT: "the top-level object" or a path
+// such as model.vocab or added_tokens[3]).
+nlohmann::json parse_json(std::string_view text, const std::string& where);
+// The file parsed by parse_json.
 nlohmann::json read_json_file(const std::string& path);
 // Whitespace-separated token ids; errors name file:line.
 std::vector<int> read_tokens_file(const std::string& path);

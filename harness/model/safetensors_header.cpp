@@ -30,24 +30,10 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, co
   if (header_len > size - 8)
     throw Error(path + ": truncated safetensors file: header length " + std::to_string(header_len) +
                 " runs past the file size " + std::to_string(size));
-  nlohmann::json header;
-  std::string duplicate;
-  try {
-    // The JSON library keeps the last of two equal keys; a checkpoint naming a tensor
-    // twice is ambiguous, so the parse notes any repeated top-level key.
-    std::set<std::string> seen;
-    header = nlohmann::json::parse(
-        bytes + 8, bytes + 8 + header_len,
-        [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-          if (depth == 1 && event == nlohmann::json::parse_event_t::key && duplicate.empty() &&
-              !seen.insert(parsed.get<std::string>()).second)
-            duplicate = parsed.get<std::string>();
-          return true;
-        });
-  } catch (const std::exception& e) {
-    throw Error(path + ": malformed safetensors header JSON: " + json_error_message(e));
-  }
-  if (!duplicate.empty()) throw Error(path + ": tensor " + duplicate + " appears twice in the safetensors header");
+  // A key given twice (a tensor named twice, or a field twice in one entry) is ambiguous:
+  // parse_json refuses it.
+  const nlohmann::json header =
+      parse_json(std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len), path + ": safetensors header");
   if (!header.is_object()) throw Error(path + ": safetensors header is not a JSON object");
   SafetensorsHeader result;
   result.data_offset = 8 + header_len;
