@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -227,4 +228,92 @@ TEST_CASE("a vocab.json that is not a JSON object is rejected", "[bpe]") {
   CHECK_THROWS_WITH(kvevict::load_bpe_vocab_merges(vocab, merges),
                     Catch::Contains(vocab) && Catch::Contains("JSON object") &&
                         Catch::Predicate<std::string>(is_one_line, "is one line"));
+}
+
+namespace {
+
+// The GPT-NeoX tokenizer.json, changed by `mutate`, written to a file of its own.
+std::string neox_variant(const std::string& name, const std::function<void(nlohmann::json&)>& mutate) {
+  static const nlohmann::json neox = kvevict::test::read_json(data("tokenizers/gpt-neox-20b/tokenizer.json"));
+  nlohmann::json tokenizer = neox;
+  mutate(tokenizer);
+  const std::string path = kvevict::test::temp_dir("bpe_" + name) + "/tokenizer.json";
+  write_file(path, tokenizer.dump());
+  return path;
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    kvevict::load_bpe_tokenizer_json(path)->encode(std::string(40, 'a') + "!");
+  } catch (const kvevict::Error& e) {
+    CHECK(is_one_line(e.what()));
+    return e.what();
+  }
+  return "";
+}
+
+nlohmann::json split_then_byte_level(const std::string& regex) {
+  return {{"type", "Sequence"},
+          {"pretokenizers",
+           {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+}
+
+}  // namespace
+
+TEST_CASE("a Split regex that backtracks without bound stops at its limit with the file's name", "[bpe][errors]") {
+  const std::string path =
+      neox_variant("catastrophic", [](nlohmann::json& t) { t["pre_tokenizer"] = split_then_byte_level("(a+)+$|(\\s*)*x"); });
+  CHECK_THAT(load_error(path), Catch::Contains(path + ": pre_tokenizer Split: the regex ran past its limit") &&
+                                   Catch::Contains("41 UTF-16 units"));
+  const std::string empty =
+      neox_variant("empty_regex", [](nlohmann::json& t) { t["pre_tokenizer"] = split_then_byte_level(""); });
+  CHECK_THAT(load_error(empty), Catch::Contains(empty + ": pre_tokenizer Split: pattern.Regex is empty"));
+}
+
+TEST_CASE("the Llama-3 and Qwen3 regexes stay far inside the limit on long texts", "[bpe]") {
+  // The limit is 100 ticks plus one per 20 UTF-16 units; these patterns use about one
+  // per 1,000 on their worst text measured (runs of digits, mixed punctuation).
+  const std::string mixed = "a1! \n\t's X\xc3\xa9 12345 ...  \xe4\xbd\xa0\xe5\xa5\xbd\r\n";
+  std::string long_mixed;
+  while (long_mixed.size() < 300000) long_mixed += mixed;
+  for (const Tokenizer* tokenizer : {&llama3(), &qwen3()}) {
+    for (const std::string& text : {std::string(300000, '7'), std::string(300000, ' '), std::string(300000, '\n'),
+                                    std::string(300000, '!'), long_mixed}) {
+      CHECK_FALSE(tokenizer->encode(text).empty());
+    }
+  }
+}
+
+TEST_CASE("token ids are checked as Hugging Face's tokenizers assigns them", "[bpe][errors]") {
+  // HF keeps a vocabulary token's id for an added token of the same content and numbers
+  // the other added tokens after the vocabulary (50254 tokens here, so from 50254 up).
+  struct Bad {
+    std::string name;
+    std::function<void(nlohmann::json&)> mutate;
+    std::string named;
+  };
+  const std::vector<Bad> cases = {
+      {"id_2_31", [](nlohmann::json& t) { t["added_tokens"][2]["id"] = 2147483648LL; },
+       "added_tokens[2] \"                        \": \"id\" must be an integer in [0, 2147483646], not 2147483648"},
+      {"id_negative", [](nlohmann::json& t) { t["added_tokens"][2]["id"] = -1; }, "not -1"},
+      {"id_string", [](nlohmann::json& t) { t["added_tokens"][2]["id"] = "50254"; }, "not \"50254\""},
+      {"id_past", [](nlohmann::json& t) { t["added_tokens"][2]["id"] = 60000; },
+       "has id 60000, outside [0, 50277): the file holds 50254 vocabulary tokens and 23 added ones"},
+      {"vocab_id_differs", [](nlohmann::json& t) { t["added_tokens"][0]["id"] = 5; },
+       "added_tokens[0] \"<|endoftext|>\" has id 5, but the vocabulary gives it id 0"},
+      {"vocab_id_float", [](nlohmann::json& t) { t["model"]["vocab"]["!"] = 2.0; }, "token \"!\" has id 2.0"},
+      {"missing_id", [](nlohmann::json& t) { t["added_tokens"][2].erase("id"); }, "not missing"},
+      {"added_not_list", [](nlohmann::json& t) { t["added_tokens"] = {{"a", 1}}; }, "added_tokens must be a list"},
+  };
+  for (const Bad& bad : cases) {
+    INFO(bad.name);
+    const std::string path = neox_variant(bad.name, bad.mutate);
+    CHECK_THAT(load_error(path), Catch::Contains(path + ": ") && Catch::Contains(bad.named));
+  }
+  // The real files pass: NeoX's two special tokens in its vocabulary, Llama-3's and
+  // Qwen3's added tokens numbered after theirs.
+  CHECK(gpt_neox().vocab_size() == 50277);
+  CHECK(llama3().vocab_size() == 128256);
+  CHECK(qwen3().vocab_size() == 151669);
 }

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <string>
@@ -173,7 +174,8 @@ std::vector<std::string_view> split_gpt2_pattern(std::string_view text) {
 // property, which is what Oniguruma's Unicode \s means (ICU's \s omits U+000B, U+0085).
 class SplitRegex {
  public:
-  SplitRegex(const std::string& pattern, const std::string& where) {
+  SplitRegex(const std::string& pattern, const std::string& where) : where_(where) {
+    if (pattern.empty()) throw Error(where + ": pattern.Regex is empty (it would match nothing but empty strings)");
     std::string translated;
     for (size_t i = 0; i < pattern.size(); ++i) {
       if (pattern[i] == '\\' && i + 1 < pattern.size()) {
@@ -209,6 +211,12 @@ class SplitRegex {
     byte_at.push_back(text.size());
     UErrorCode status = U_ZERO_ERROR;
     std::unique_ptr<icu::RegexMatcher> matcher(pattern_->matcher(units, status));
+    // A pattern that backtracks without bound ((a+)+$ on "aaa...!") must not hang the run:
+    // ICU's time limit counts ticks of 10,000 backtracking state saves over all the finds
+    // on this text, so the work is bounded by the text's length (README, "Reliability").
+    const int32_t tick_limit = kRegexBaseTicks + units.length() / kRegexUnitsPerTick;
+    if (U_SUCCESS(status)) matcher->setTimeLimit(tick_limit, status);
+    if (U_SUCCESS(status)) matcher->setStackLimit(kRegexStackBytes, status);
     std::vector<std::string_view> pieces;
     const auto piece = [&](int32_t from, int32_t to) {
       pieces.push_back(text.substr(byte_at[from], byte_at[to] - byte_at[from]));
@@ -221,12 +229,25 @@ class SplitRegex {
       piece(begin, end);
       done = end;
     }
-    if (U_FAILURE(status)) throw Error(std::string("ICU regex failed while splitting text: ") + u_errorName(status));
+    if (status == U_REGEX_TIME_OUT)
+      throw Error(where_ + ": the regex ran past its limit of " + std::to_string(tick_limit) +
+                  " x 10,000 backtracking steps on a text of " + std::to_string(units.length()) +
+                  " UTF-16 units; the pattern backtracks without bound");
+    if (status == U_REGEX_STACK_OVERFLOW)
+      throw Error(where_ + ": the regex needs more than " + std::to_string(kRegexStackBytes >> 20) +
+                  " MB of backtracking stack on a text of " + std::to_string(units.length()) + " UTF-16 units");
+    if (U_FAILURE(status)) throw Error(where_ + ": the regex failed while splitting text: " + u_errorName(status));
     if (done < units.length()) piece(done, units.length());
     return pieces;
   }
 
  private:
+  // The work bound on one text: 100 ticks, plus one per 20 UTF-16 units (the Llama-3 and
+  // Qwen patterns need at most about one per 1,000 on any text measured).
+  static constexpr int32_t kRegexBaseTicks = 100, kRegexUnitsPerTick = 20;
+  static constexpr int32_t kRegexStackBytes = 8 << 20;
+
+  std::string where_;
   std::unique_ptr<icu::RegexPattern> pattern_;
 };
 
@@ -552,6 +573,19 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
 // ---------------------------------------------------------------------------------------
 // Loading
 
+// An id as a tokenizer file may write it: a JSON integer in [0, 2^31 - 2] (so that the
+// id table's size, the largest id plus one, is an int), nullopt otherwise. The JSON
+// library would turn 2^32 + 5 into 5 and 2^31 into a negative int.
+std::optional<int> strict_token_id(const json& id) {
+  if (!id.is_number_unsigned() || id.get<uint64_t>() >= static_cast<uint64_t>(INT32_MAX)) return std::nullopt;
+  return static_cast<int>(id.get<uint64_t>());
+}
+
+// A token string quoted for a one-line message (control characters escaped).
+std::string quoted_token(const std::string& token) {
+  return json(token).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 Vocab parse_vocab(const json& object, const std::string& where) {
   if (!object.is_object())
     throw Error(where + ": the vocabulary must be a JSON object of token -> id, found " +
@@ -559,9 +593,11 @@ Vocab parse_vocab(const json& object, const std::string& where) {
   Vocab vocab;
   vocab.reserve(object.size());
   for (const auto& [token, id] : object.items()) {
-    if (!id.is_number_integer() || id.get<long long>() < 0 || id.get<long long>() > INT32_MAX)
-      throw Error(where + ": vocabulary entry \"" + token + "\" has no valid id");
-    vocab.emplace(token, id.get<int>());
+    const std::optional<int> checked = strict_token_id(id);
+    if (!checked)
+      throw Error(where + ": token " + quoted_token(token) + " has id " + id.dump() +
+                  ", not an integer in [0, 2147483646]");
+    vocab.emplace(token, *checked);
   }
   return vocab;
 }
@@ -673,11 +709,20 @@ MergeTable read_merges(const json& model, const Vocab& vocab, const std::string&
 
 std::vector<AddedToken> read_added_tokens(const json& root, const std::string& path) {
   std::vector<AddedToken> added_tokens;
-  for (const json& entry : member_or_null(root, "added_tokens")) {
-    if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string() ||
-        !entry.contains("id") || !entry["id"].is_number_unsigned())
-      throw Error(path + ": an added_tokens entry lacks a string content or a valid id");
+  const json& list = member_or_null(root, "added_tokens");
+  if (!list.is_null() && !list.is_array()) throw Error(path + ": added_tokens must be a list");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& entry = list[i];
+    const std::string where = path + ": added_tokens[" + std::to_string(i) + "]";
+    if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string())
+      throw Error(where + " has no string \"content\"");
     const std::string content = entry["content"].get<std::string>();
+    const std::string named = where + " " + quoted_token(content);
+    if (content.empty()) throw Error(where + ": the content is empty (an added token must match some text)");
+    const std::optional<int> id = entry.contains("id") ? strict_token_id(entry["id"]) : std::nullopt;
+    if (!id)
+      throw Error(named + ": \"id\" must be an integer in [0, 2147483646], not " +
+                  (entry.contains("id") ? entry["id"].dump() : std::string("missing")));
     // An absent or null flag takes its default; any other non-boolean is an error, not a
     // JSON-library exception (found by fuzz_bpe_json).
     auto flag_or = [&](const char* flag, bool fallback) {
@@ -692,9 +737,62 @@ std::vector<AddedToken> read_added_tokens(const json& root, const std::string& p
         throw Error(path + ": added token \"" + content + "\" uses " + flag +
                     ", which this loader does not support");
     const bool special = flag_or("special", false);
-    added_tokens.push_back({content, entry["id"].get<int>(), flag_or("normalized", !special)});
+    added_tokens.push_back({content, *id, flag_or("normalized", !special)});
   }
   return added_tokens;
+}
+
+// Checks that the ids of the vocabulary and the added tokens are what Hugging Face's
+// tokenizers makes of the file, so that an id means one token and no id is left to chance:
+// it keeps a vocabulary token's own id for an added token with the same content, and gives
+// every other added token the next id after the vocabulary (it only warns when the file
+// says otherwise). So ids are unique and below the number of distinct tokens, N; an added
+// token names one id, and an id one added token. `source` names the file in errors.
+void check_token_ids(const Vocab& vocab, const std::vector<AddedToken>& added_tokens, const std::string& source,
+                     const std::string& vocab_key) {
+  size_t distinct = vocab.size();
+  for (const AddedToken& added : added_tokens) distinct += vocab.count(added.content) ? 0 : 1;
+  const auto counts = [&] {
+    return "[0, " + std::to_string(distinct) + "): the file holds " + std::to_string(vocab.size()) +
+           " vocabulary tokens and " + std::to_string(distinct - vocab.size()) + " added ones";
+  };
+  std::vector<const std::string*> vocab_token(distinct, nullptr);  // id -> its vocabulary token
+  for (const auto& [token, id] : vocab) {
+    if (static_cast<size_t>(id) >= distinct)
+      throw Error(source + ": " + vocab_key + " token " + quoted_token(token) + " has id " + std::to_string(id) +
+                  ", outside " + counts());
+    if (vocab_token[id])
+      throw Error(source + ": " + vocab_key + " tokens " + quoted_token(*vocab_token[id]) + " and " +
+                  quoted_token(token) + " both have id " + std::to_string(id));
+    vocab_token[id] = &token;
+  }
+  std::unordered_map<std::string, size_t> by_content;
+  std::unordered_map<int, size_t> by_id;
+  for (size_t i = 0; i < added_tokens.size(); ++i) {
+    const AddedToken& added = added_tokens[i];
+    const std::string where = source + ": added_tokens[" + std::to_string(i) + "] " + quoted_token(added.content);
+    const auto in_vocab = vocab.find(added.content);
+    if (in_vocab != vocab.end() && in_vocab->second != added.id)
+      throw Error(where + " has id " + std::to_string(added.id) + ", but the vocabulary gives it id " +
+                  std::to_string(in_vocab->second));
+    if (in_vocab == vocab.end()) {
+      if (static_cast<size_t>(added.id) >= distinct)
+        throw Error(where + " has id " + std::to_string(added.id) + ", outside " + counts());
+      if (vocab_token[added.id])
+        throw Error(where + " has id " + std::to_string(added.id) + ", the id of vocabulary token " +
+                    quoted_token(*vocab_token[added.id]));
+    }
+    const auto [same_content, fresh_content] = by_content.emplace(added.content, i);
+    if (!fresh_content && added_tokens[same_content->second].id != added.id)
+      throw Error(where + " has id " + std::to_string(added.id) + ", but added_tokens[" +
+                  std::to_string(same_content->second) + "] gives the same content id " +
+                  std::to_string(added_tokens[same_content->second].id));
+    const auto [same_id, fresh_id] = by_id.emplace(added.id, i);
+    if (!fresh_id && added_tokens[same_id->second].content != added.content)
+      throw Error(where + " has id " + std::to_string(added.id) + ", which added_tokens[" +
+                  std::to_string(same_id->second) + "] " + quoted_token(added_tokens[same_id->second].content) +
+                  " already has");
+  }
 }
 
 // The BOS id to prepend: -1 when tokenizer_config.json says none is added, nullopt when it
@@ -745,8 +843,9 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
     throw Error(path + ": model.type is " + model_type + "; only byte-level BPE is supported");
   const PipelineOptions options = read_pipeline_options(root, model, path);
   Vocab vocab = parse_vocab(member_or_null(model, "vocab"), path + ": model.vocab");
-  MergeTable merges = read_merges(model, vocab, path);
   const std::vector<AddedToken> added_tokens = read_added_tokens(root, path);
+  check_token_ids(vocab, added_tokens, path, "model.vocab");
+  MergeTable merges = read_merges(model, vocab, path);
   const std::optional<int> declared_bos = read_declared_bos(path, added_tokens, vocab);
   auto tokenizer = std::make_unique<ByteLevelBpeTokenizer>(path, std::move(vocab), std::move(merges),
                                                            added_tokens, options);
@@ -757,6 +856,7 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer_json(const std::string& tokenizer_
 std::unique_ptr<Tokenizer> load_bpe_vocab_merges(const std::string& vocab_json,
                                                  const std::string& merges_txt) {
   Vocab vocab = parse_vocab(read_json_file(vocab_json), vocab_json);
+  check_token_ids(vocab, {}, vocab_json, "the vocabulary's");
 
   std::ifstream in(merges_txt, std::ios::binary);
   if (!in) throw Error(merges_txt + ": cannot open");
