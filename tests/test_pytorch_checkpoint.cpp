@@ -1,14 +1,18 @@
 // pytorch_model.bin (torch.save pickles): the zip and legacy containers, the
 // restricted unpickler, and one-line errors for damaged files. Test archives are built
-// here byte by byte, so every byte they hold is explained by this file.
+// byte by byte (tests/pickle_bytes.h), so every byte they hold is explained.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "harness/common/errors.h"
 #include "harness/model/pytorch_checkpoint.h"
+#include "harness/model/restricted_unpickler.h"
 #include "harness/model/safetensors.h"
+#include "harness/model/zip_archive.h"
+#include "tests/pickle_bytes.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK
@@ -16,133 +20,10 @@
 #include <catch2/catch.hpp>
 
 using namespace kvevict;
+using namespace kvevict::test::pickle_bytes;
 namespace fs = std::filesystem;
 
 namespace {
-
-using Bytes = std::string;
-
-void put16(Bytes& b, uint16_t v) {
-  for (int i = 0; i < 2; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
-}
-void put32(Bytes& b, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
-}
-void put64(Bytes& b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-uint32_t crc32(const Bytes& data) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char c : data) {
-    crc ^= c;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
-
-struct ZipRecord {
-  std::string name;
-  Bytes data;
-  uint16_t method = 0;  // 0 stored; 8 claims deflate (the bytes are not really compressed)
-};
-
-// A minimal zip writer: local headers with the sizes, a 64-byte-aligned data start (as
-// torch's writer pads), the central directory and the end record; with `zip64`, every
-// size and offset goes through ZIP64 extra fields and the ZIP64 end record, as in
-// multi-GB shards.
-Bytes write_zip(const std::vector<ZipRecord>& records, bool zip64) {
-  Bytes out, central;
-  for (const ZipRecord& r : records) {
-    const uint64_t offset = out.size();
-    Bytes extra;
-    if (zip64) {
-      put16(extra, 1), put16(extra, 16), put64(extra, r.data.size()), put64(extra, r.data.size());
-    }
-    size_t data_start = offset + 30 + r.name.size() + extra.size() + 4;
-    size_t pad = (64 - data_start % 64) % 64;
-    put16(extra, 0x4246), put16(extra, static_cast<uint16_t>(pad)), extra.append(pad, 'Z');
-    const uint32_t small_size = zip64 ? 0xFFFFFFFFu : static_cast<uint32_t>(r.data.size());
-    put32(out, 0x04034b50), put16(out, zip64 ? 45 : 20), put16(out, 0), put16(out, r.method);
-    put32(out, 0), put32(out, crc32(r.data)), put32(out, small_size), put32(out, small_size);
-    put16(out, static_cast<uint16_t>(r.name.size())), put16(out, static_cast<uint16_t>(extra.size()));
-    out += r.name + extra + r.data;
-
-    Bytes cextra;
-    if (zip64) {
-      put16(cextra, 1), put16(cextra, 24), put64(cextra, r.data.size()), put64(cextra, r.data.size());
-      put64(cextra, offset);
-    }
-    put32(central, 0x02014b50), put16(central, 45), put16(central, zip64 ? 45 : 20), put16(central, 0);
-    put16(central, r.method), put32(central, 0), put32(central, crc32(r.data));
-    put32(central, small_size), put32(central, small_size);
-    put16(central, static_cast<uint16_t>(r.name.size())), put16(central, static_cast<uint16_t>(cextra.size()));
-    put16(central, 0), put16(central, 0), put16(central, 0), put32(central, 0);
-    put32(central, zip64 ? 0xFFFFFFFFu : static_cast<uint32_t>(offset));
-    central += r.name + cextra;
-  }
-  const uint64_t directory_offset = out.size();
-  out += central;
-  if (zip64) {
-    const uint64_t end64 = out.size();
-    put32(out, 0x06064b50), put64(out, 44), put16(out, 45), put16(out, 45), put32(out, 0), put32(out, 0);
-    put64(out, records.size()), put64(out, records.size()), put64(out, central.size()), put64(out, directory_offset);
-    put32(out, 0x07064b50), put32(out, 0), put64(out, end64), put32(out, 1);
-  }
-  put32(out, 0x06054b50), put16(out, 0), put16(out, 0);
-  put16(out, zip64 ? 0xFFFF : static_cast<uint16_t>(records.size()));
-  put16(out, zip64 ? 0xFFFF : static_cast<uint16_t>(records.size()));
-  put32(out, zip64 ? 0xFFFFFFFFu : static_cast<uint32_t>(central.size()));
-  put32(out, zip64 ? 0xFFFFFFFFu : static_cast<uint32_t>(directory_offset));
-  put16(out, 0);
-  return out;
-}
-
-// Pickle opcodes, spelled out.
-Bytes str(const std::string& s) {
-  Bytes b = "X";
-  put32(b, static_cast<uint32_t>(s.size()));
-  return b + s;
-}
-Bytes integer(int32_t v) {
-  Bytes b = "J";
-  put32(b, static_cast<uint32_t>(v));
-  return b;
-}
-Bytes ints(const std::vector<int64_t>& v) {
-  Bytes b = "(";
-  for (auto x : v) b += integer(static_cast<int32_t>(x));
-  return b + "t";
-}
-const Bytes kOrderedDict = "ccollections\nOrderedDict\n)R";
-
-struct PickledTensor {
-  std::string name, storage_global, key;
-  int64_t numel, offset;
-  std::vector<int64_t> size, stride;
-};
-
-// The state-dict pickle torch.save writes (protocol 2), optionally with the
-// OrderedDict's _metadata attribute set by BUILD, as Module.state_dict() leaves it.
-Bytes state_dict_pickle(const std::vector<PickledTensor>& tensors, bool with_metadata) {
-  Bytes b = "\x80\x02" + kOrderedDict + "(";
-  for (const auto& t : tensors) {
-    b += str(t.name) + "ctorch._utils\n_rebuild_tensor_v2\n(";
-    b += "(" + str("storage") + "ctorch\n" + t.storage_global + "\n" + str(t.key) + str("cpu") + integer(static_cast<int32_t>(t.numel)) + "tQ";
-    b += integer(static_cast<int32_t>(t.offset)) + ints(t.size) + ints(t.stride) + "\x89" + kOrderedDict + "tR";
-  }
-  b += "u";
-  if (with_metadata)
-    b += "}(" + str("_metadata") + kOrderedDict + "(" + str("") + "}(" + str("version") + integer(1) + "uuub";
-  return b + ".";
-}
-
-Bytes floats(const std::vector<float>& v) {
-  return Bytes(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-}
-Bytes halves(const std::vector<uint16_t>& v) {
-  return Bytes(reinterpret_cast<const char*>(v.data()), v.size() * 2);
-}
 
 void write_file(const fs::path& path, const Bytes& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -176,14 +57,6 @@ std::string cli_error(const std::string& dir) {
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK_THAT(r.err, Catch::StartsWith("kvevict: error: "));
   return r.err;
-}
-
-// The legacy container's three header pickles: magic number, protocol 1001, sys_info.
-Bytes legacy_header() {
-  Bytes b("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19.", 15);
-  b += Bytes("\x80\x02M\xe9\x03.", 6);
-  b += "\x80\x02}(" + str("little_endian") + "\x88u.";
-  return b;
 }
 
 }  // namespace
@@ -418,4 +291,149 @@ TEST_CASE("a directory with both formats loads its safetensors", "[pickle]") {
   auto store = WeightStore::open(dir);
   CHECK(store.has("model.decoder.embed_tokens.weight"));
   CHECK(store.info("model.decoder.embed_tokens.weight").dtype == "F32");
+}
+
+TEST_CASE("the pickle reader's work is linear in the file and its nesting bounded", "[pickle][errors]") {
+  using pickle::unpickle;
+  const auto nested = [](size_t levels) {
+    return "\x80\x02" + std::string(levels, ']') + std::string(levels - 1, 'a') + ".";
+  };
+  const auto run = [](const Bytes& bytes) {
+    return unpickle(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), 0, "f.pkl");
+  };
+  // 1000 levels (Python's pickler stops near its recursion limit of 1000) are read.
+  CHECK(run(nested(pickle::kMaxPickleNesting)).value->nesting == pickle::kMaxPickleNesting);
+  CHECK_THROWS_WITH(run(nested(pickle::kMaxPickleNesting + 1)),
+                    Catch::Contains("f.pkl: pickle byte") && Catch::Contains("more than 1000 levels"));
+  // 200k levels in 400 KB: searching for a cycle under every APPEND made this quadratic
+  // (past a minute) and freeing it recursed 200k deep.
+  CHECK_THROWS_WITH(run(nested(200000)), Catch::Contains("more than 1000 levels"));
+  // Tuples count too.
+  CHECK_THROWS_WITH(run("\x80\x02" "N" + std::string(1001, '\x85') + "."), Catch::Contains("more than 1000 levels"));
+
+  // Wide is fine: one list appended 100k times through the memo, and a dict of 100k keys
+  // where every key is given twice (the second value wins, as in Python).
+  Bytes wide("\x80\x02]q\x01(]q\x00", 9);
+  for (int i = 1; i < 100000; ++i) wide += Bytes("h\x00", 2);
+  wide += "e.";
+  CHECK(run(wide).value->items.size() == 100000);
+  Bytes dict = "\x80\x02}(";
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 100000; ++i) dict += str("k" + std::to_string(i)) + integer(round * 100000 + i);
+  dict += "u.";
+  const auto read = run(dict).value;
+  REQUIRE(read->entries.size() == 100000);
+  CHECK(read->entries[7].second->integer == 100007);
+}
+
+TEST_CASE("a container changed after it went into another is refused, a shared one is not", "[pickle][errors]") {
+  const auto run = [](const Bytes& bytes) {
+    return pickle::unpickle(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), 0, "f.pkl");
+  };
+  // (l, l): one list twice through the memo.
+  CHECK(run(Bytes("\x80\x02]q\x00h\x00\x86.", 9)).value->items.size() == 2);
+  // a = []; b = [a]; then a.append(1): no cycle, but Python's pickler never writes it.
+  CHECK_THROWS_WITH(run(Bytes("\x80\x02]q\x00]h\x00" "ah\x00K\x01" "a.", 15)),
+                    Catch::Contains("APPEND would change a list that is already inside another container"));
+}
+
+TEST_CASE("tensor shapes whose sizes overflow 64 bits are refused by name", "[pickle][errors]") {
+  // [2^62, 2^62] with strides [2^62, 1] was "reaches element 0 of storage 0, which holds only 2".
+  const int64_t big = int64_t{1} << 62;
+  for (bool zero_strides : {false, true}) {
+    INFO("zero strides " << zero_strides);
+    Bytes p = "\x80\x02" + kOrderedDict + "(" + str("w") + "ctorch._utils\n_rebuild_tensor_v2\n(";
+    p += "(" + str("storage") + "ctorch\nFloatStorage\n" + str("0") + str("cpu") + integer(2) + "tQ";
+    p += integer(0) + "(" + long8(big) + long8(big) + "t(" + (zero_strides ? integer(0) + integer(0) : long8(big) + integer(1)) +
+         "t\x89" + kOrderedDict + "tRu.";
+    auto dir = test::temp_dir("pickle_overflow");
+    write_file(fs::path(dir) / "pytorch_model.bin",
+               write_zip({{"archive/data.pkl", p}, {"archive/data/0", floats({1, 2})}}, false));
+    CHECK_THAT(open_error(dir), Catch::Contains("pytorch_model.bin: tensor w: shape [4611686018427387904, "
+                                                "4611686018427387904] overflows"));
+  }
+}
+
+TEST_CASE("the zip structure is checked on every load", "[pickle][errors]") {
+  const auto tensors = std::vector<PickledTensor>{{"w", "FloatStorage", "0", 2, 0, {2}, {1}}};
+  const std::vector<ZipRecord> records = {{"archive/data.pkl", state_dict_pickle(tensors, false)},
+                                          {"archive/data/0", floats({1, 2})}};
+  auto dir = test::temp_dir("zip_structure");
+  const fs::path file = fs::path(dir) / "pytorch_model.bin";
+  const auto error_after = [&](bool zip64, const std::function<void(Bytes&, size_t end_record)>& damage) {
+    Bytes bytes = write_zip(records, zip64);
+    damage(bytes, bytes.size() - 22);
+    write_file(file, bytes);
+    return open_error(dir);
+  };
+  const auto set16 = [](Bytes& b, size_t at, uint16_t v) { b[at] = static_cast<char>(v), b[at + 1] = static_cast<char>(v >> 8); };
+  const auto set32 = [&](Bytes& b, size_t at, uint32_t v) { set16(b, at, v & 0xFFFF), set16(b, at + 2, v >> 16); };
+  CHECK(error_after(false, [](Bytes&, size_t) {}).empty());
+  CHECK(error_after(true, [](Bytes&, size_t) {}).empty());
+  // Without ZIP64 the end record's count is the count: 0xFFFF entries are not there.
+  CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set16(b, e + 8, 0xFFFF), set16(b, e + 10, 0xFFFF); }),
+             Catch::Contains(file.string() + ": corrupt zip archive: the end record counts 65535 entries, but the "
+                             "central directory holds 2"));
+  CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set16(b, e + 8, 1), set16(b, e + 10, 1); }),
+             Catch::Contains("counts 1 entries, but the central directory holds") && Catch::Contains("bytes more"));
+  CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set16(b, e + 8, 1); }),
+             Catch::Contains("counts 2 entries in all but 1 on its disk"));
+  CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set16(b, e + 4, 1); }), Catch::Contains("multi-disk"));
+  CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set32(b, e + 16, 0x7FFFFFF0); }),
+             Catch::Contains("the central directory") && Catch::Contains("runs past the end of the file"));
+  CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set32(b, e + 12, 50); }),
+             Catch::Contains("does not end where the end record begins"));
+  // With ZIP64 the end record keeps placeholders or the same values.
+  CHECK_THAT(error_after(true, [&](Bytes& b, size_t e) { set16(b, e + 10, 3); }),
+             Catch::Contains("the end record's entry count 3 disagrees with the ZIP64 end record's 2"));
+  CHECK_THAT(error_after(true, [&](Bytes& b, size_t e) { set32(b, e + 16, 0x7FFFFFF0); }),
+             Catch::Contains("central directory offset 2147483632 disagrees"));
+}
+
+TEST_CASE("CRC-32s: data.pkl on every load, the tensors' records by verify_checksums", "[pickle][errors]") {
+  CHECK(zip_crc32(reinterpret_cast<const uint8_t*>("123456789"), 9) == 0xCBF43926u);  // the check value
+  for (size_t n : {0, 1, 7, 8, 9, 1000}) {
+    const Bytes text(n, 'x');
+    CHECK(zip_crc32(reinterpret_cast<const uint8_t*>(text.data()), n) == crc32(text));
+  }
+  const auto tensors = std::vector<PickledTensor>{{"w", "FloatStorage", "0", 2, 0, {2}, {1}}};
+  auto dir = test::temp_dir("zip_crc");
+  const fs::path file = fs::path(dir) / "pytorch_model.bin";
+  Bytes good = write_zip({{"archive/data.pkl", state_dict_pickle(tensors, false)}, {"archive/data/0", floats({1, 2})}}, true);
+  write_file(file, good);
+  CHECK(PytorchCheckpointFile(file.string()).verify_checksums() == 1);
+
+  Bytes pickle_flipped = good;
+  pickle_flipped[pickle_flipped.find("cpu") + 2] = 'v';  // still a valid pickle
+  write_file(file, pickle_flipped);
+  CHECK_THAT(open_error(dir), Catch::Contains(file.string() + ": record archive/data.pkl (the state-dict pickle): "
+                                              "its bytes have CRC-32"));
+
+  Bytes data_flipped = good;
+  const Bytes value = floats({1, 2});
+  data_flipped[data_flipped.find(value) + 3] ^= 0x40;
+  write_file(file, data_flipped);
+  CHECK(open_error(dir).empty());  // a load does not read every weight
+  CHECK_THROWS_WITH(PytorchCheckpointFile(file.string()).verify_checksums(),
+                    Catch::Contains(file.string() + ": record archive/data/0 (the storage of tensor w): its bytes have "
+                                                    "CRC-32") &&
+                        Catch::Contains("the archive is corrupt"));
+}
+
+TEST_CASE("a damaged legacy magic number and a folder named pytorch_model.bin say so", "[pickle][errors]") {
+  auto dir = copy_model("models/tiny-random-opt-bin-legacy", "pickle_legacy_magic");
+  const fs::path file = fs::path(dir) / "pytorch_model.bin";
+  Bytes bytes = test::read_text(file.string());
+  bytes[3] = '\x06';  // LONG1's length: the magic's last bytes become opcodes (was "memo entry ... never stored")
+  write_file(file, bytes);
+  CHECK_THAT(open_error(dir), Catch::Contains(file.string() + ": not a PyTorch checkpoint") &&
+                                  Catch::Contains("magic number"));
+  bytes[3] = '\x0a';
+  bytes[6] ^= 1;  // a magic number that parses, but is not torch's
+  write_file(file, bytes);
+  CHECK_THAT(open_error(dir), Catch::Contains("magic number"));
+
+  fs::remove(file);
+  fs::create_directories(file);
+  CHECK(open_error(dir) == file.string() + ": is a folder, not a file");  // was "mmap failed: No such device"
 }

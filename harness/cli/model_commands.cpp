@@ -1,10 +1,13 @@
 // generate, perplexity, bench and make-random-model: their flags (bodies in commands.cpp
-// and bench.cpp).
+// and bench.cpp); check-model, whose checks are harness/model/model_check.h.
+#include <iostream>
+
 #include "harness/cli/cli_checks.h"
 #include "harness/cli/command.h"
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
+#include "harness/model/model_check.h"
 
 namespace kvevict {
 namespace {
@@ -64,6 +67,29 @@ void add_random_model_flags(CLI::App& cmd, RandomModelArgs& random_model) {
   cmd.add_option("--head-dim", random_model.head_dim, "per-head width (0: hidden / heads)")->capture_default_str();
 }
 
+struct CheckModelArgs {
+  std::string dir;
+};
+
+void add_check_model_flags(CLI::App& cmd, CheckModelArgs& check) {
+  cmd.add_option("dir", check.dir, "Hugging Face model directory")->required();
+}
+
+int run_check_model(CheckModelArgs& args, const Invocation&) {
+  const ModelCheck check = check_model(args.dir);
+  std::cout << args.dir << ": ok: model_type " << check.model_type << ", " << check.tensors << " tensors ("
+            << check.bytes << " bytes in " << check.files << " file" << (check.files == 1 ? "" : "s")
+            << ") match config.json; "
+            << (check.checksummed_records
+                    ? "the CRC-32s of data.pkl and " + std::to_string(check.checksummed_records) + " tensor records match"
+                    : std::string("no stored checksums (safetensors or legacy pickle)"))
+            << "; "
+            << (check.tokenizer_tokens >= 0 ? "tokenizer of " + std::to_string(check.tokenizer_tokens) + " tokens"
+                                            : std::string("no tokenizer"))
+            << "\n";
+  return 0;
+}
+
 }  // namespace
 
 void add_model_commands(CLI::App& app, Commands& commands) {
@@ -89,6 +115,10 @@ void add_model_commands(CLI::App& app, Commands& commands) {
       commands, app, "make-random-model",
       "write a random-weight LLaMA checkpoint of a given shape (Hugging Face layout), for speed tests only",
       add_random_model_flags, [](RandomModelArgs& args, const Invocation&) { return run_make_random_model(args); });
+  add_command<CheckModelArgs>(commands, app, "check-model",
+                              "check a model folder without running it: config.json, the checkpoint's structure and "
+                              "stored CRC-32s, tensor shapes against config.json, the tokenizer's size",
+                              add_check_model_flags, run_check_model);
 }
 
 }  // namespace kvevict

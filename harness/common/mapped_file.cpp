@@ -21,6 +21,10 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);
     throw Error(path + ": cannot stat: " + std::strerror(err));
   }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + (S_ISDIR(st.st_mode) ? ": is a folder, not a file" : ": is not a regular file"));
+  }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ == 0) {
     ::close(fd);

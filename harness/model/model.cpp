@@ -3,7 +3,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <set>
 
 #include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
@@ -11,6 +10,7 @@
 #include "harness/common/text.h"
 #include "harness/model/fused_elementwise.h"
 #include "harness/model/matvec.h"
+#include "harness/model/model_check.h"
 #include "harness/model/rope.h"
 #include "harness/model/threads.h"
 
@@ -87,43 +87,21 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     restore_threads_after_tiny_model();  // what a tiny model loaded before set aside, unless --threads chose
   }
 
+  check_tensors_match_config(arch, weights, dir);
   model->layers_.resize(arch.n_layers);
-  std::set<std::string> expected;
   for (const TensorSpec& spec : arch.tensors) {
-    expected.insert(spec.name);
-    if (!weights.has(spec.name))
-      throw Error(dir + ": tensor " + spec.name + " is missing (config.json " + arch.model_type +
-                  " needs it)");
-    const TensorInfo& info = weights.info(spec.name);
-    if (info.dtype != "F32" && info.dtype != "F16" && info.dtype != "BF16")
-      throw Error(info.file + ": tensor " + spec.name + " has dtype " + info.dtype +
-                  ", expected F32, F16 or BF16");
-    if (info.shape != spec.shape)
-      throw Error(info.file + ": tensor " + spec.name + " has shape " + shape_string(info.shape) +
-                  " but config.json implies " + shape_string(spec.shape));
     torch::Tensor t = weights.get(spec.name, model->dtype_, model->device_);
     if (spec.layer < 0)
       model->global_[static_cast<int>(spec.role)] = t;
     else
       model->layers_[spec.layer][static_cast<int>(spec.role)] = t;
   }
-  for (const std::string& name : weights.names()) {
-    if (expected.count(name)) continue;
-    bool ignored = false;
-    for (const auto& suffix : arch.ignored_suffixes) ignored = ignored || ends_with(name, suffix);
-    if (!ignored)
-      throw Error(weights.info(name).file + ": unexpected tensor " + name + " for model_type " +
-                  arch.model_type);
-  }
   if (arch.tied_head) model->global_[static_cast<int>(Role::LmHead)] = model->global_[static_cast<int>(Role::Embed)];
 
   // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass).
   if (arch.positions == PositionKind::Rotary) model->inv_freq_ = rope_inv_freq(arch, arch.max_positions);
   model->tokenizer_ = load_tokenizer_for_model(dir);
-  // A tokenizer with more pieces than the embedding has rows would emit ids the model cannot look up.
-  if (model->tokenizer_ && model->tokenizer_->vocab_size() > arch.vocab)
-    throw Error(dir + ": the tokenizer has " + std::to_string(model->tokenizer_->vocab_size()) +
-                " tokens but config.json vocab_size is " + std::to_string(arch.vocab));
+  check_tokenizer_fits(model->tokenizer_.get(), arch, dir);
   model->load_seconds_ = seconds_since(started);
   return model;
 }

@@ -1,11 +1,12 @@
 #include "harness/model/pytorch_checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
 #include "harness/common/errors.h"
+#include "harness/common/text.h"
 #include "harness/model/restricted_unpickler.h"
-#include "harness/model/zip_archive.h"
 
 namespace kvevict {
 namespace {
@@ -64,14 +65,23 @@ TensorInfo locate(const std::string& path, const NamedTensor& t, uint64_t storag
                 record + " of " + std::to_string(st.numel) + " elements");
   u128 extent = 0;  // one past the last element the tensor reaches, relative to the offset
   bool empty = false;
+  u128 elements = 1;  // the shape's element count, capped just past INT64_MAX
+  constexpr u128 kTooMany = static_cast<u128>(INT64_MAX) + 1;
   for (size_t i = 0; i < ref.size.size(); ++i) {
     if (ref.size[i] < 0 || ref.stride[i] < 0) throw Error(where + ": negative size or stride");
     if (ref.size[i] == 0) empty = true;
+    elements = std::min(elements * static_cast<u128>(ref.size[i]), kTooMany);
   }
+  if (!empty && elements == kTooMany)
+    throw Error(where + ": shape " + shape_string(ref.size) + " overflows: its element count does not fit in 64 bits");
   if (!empty) {
     extent = 1;
+    // Each term is below 2^126 and capped again after adding, so the sum never wraps.
     for (size_t i = 0; i < ref.size.size(); ++i)
-      extent += static_cast<u128>(ref.size[i] - 1) * static_cast<u128>(ref.stride[i]);
+      extent = std::min(extent + static_cast<u128>(ref.size[i] - 1) * static_cast<u128>(ref.stride[i]), kTooMany);
+    if (extent == kTooMany)
+      throw Error(where + ": shape " + shape_string(ref.size) + " with strides " + shape_string(ref.stride) +
+                  " overflows: it reaches past element 2^63 of its storage");
     if (static_cast<u128>(ref.storage_offset) + extent > static_cast<u128>(st.numel))
       throw Error(where + ": it reaches element " +
                   std::to_string(static_cast<uint64_t>(ref.storage_offset + extent)) + " of storage " + record +
@@ -177,16 +187,21 @@ PytorchCheckpointFile::PytorchCheckpointFile(const std::string& path) : file_(pa
 
 void PytorchCheckpointFile::read_zip() {
   const std::string& path = file_.path();
-  ZipArchive zip(path, file_.data(), file_.size());
+  zip_ = std::make_unique<ZipArchive>(path, file_.data(), file_.size());
+  const ZipArchive& zip = *zip_;
   if (!zip.has_directory()) explain_truncated_zip(zip, file_);
   const ZipEntry* pkl = find_state_pickle(zip, path);
   const std::string prefix = pkl->name.substr(0, pkl->name.size() - 8);
   if (const ZipEntry* order = zip.find(prefix + "byteorder")) {
+    zip.check_crc(*order, "the byte order");
     const uint8_t* p = zip.stored_data(*order, "the byte order");
     std::string byteorder(reinterpret_cast<const char*>(p), order->size);
     if (byteorder != "little")
       throw Error(path + ": storages are " + byteorder + "-endian; only little-endian checkpoints are read");
   }
+  // A flipped byte in the pickle could still parse (another shape, another storage key):
+  // its CRC is checked on every load; the tensors' records only by verify_checksums().
+  zip.check_crc(*pkl, "the state-dict pickle");
   const uint8_t* pkl_data = zip.stored_data(*pkl, "the state-dict pickle");
   auto root = pickle::unpickle(pkl_data, pkl->size, 0, path + " (" + pkl->name + ")");
   std::map<std::string, std::string> storage_types;  // key -> type, checked consistent
@@ -200,8 +215,16 @@ void PytorchCheckpointFile::read_zip() {
     const ZipEntry* entry = zip.find(record);
     if (!entry) throw Error(path + ": tensor " + t.name + ": its storage record " + record + " is missing from the archive");
     const uint8_t* bytes = zip.stored_data(*entry, "the storage of tensor " + t.name);
-    tensors_[t.name] = locate(path, t, static_cast<uint64_t>(bytes - file_.data()), entry->size, record);
+    const uint64_t begin = static_cast<uint64_t>(bytes - file_.data());
+    tensors_[t.name] = locate(path, t, begin, entry->size, record);
+    if (fresh) storage_records_.emplace_back(record, t.name);
   }
+}
+
+size_t PytorchCheckpointFile::verify_checksums() const {
+  for (const auto& [record, tensor] : storage_records_)
+    zip_->check_crc(*zip_->find(record), "the storage of tensor " + tensor);
+  return storage_records_.size();
 }
 
 void PytorchCheckpointFile::read_legacy() {
@@ -212,9 +235,18 @@ void PytorchCheckpointFile::read_legacy() {
     throw Error(path + ": not a PyTorch checkpoint: neither a zip archive nor the legacy torch.save format");
   // torch's magic number 0x1950a86a20f9469cfc6c as pickle's LONG1 stores it.
   static const std::string kMagic("\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 10);
-  auto magic = pickle::unpickle(data, size, 0, path + " (legacy header)");
-  if (magic.value->kind != Kind::BigInt || magic.value->text != kMagic)
-    throw Error(path + ": not a PyTorch checkpoint: a pickle, but not torch.save's magic number");
+  // The magic number is the file's first pickle; damaged, it is whatever its bytes parse as
+  // (a memo lookup, a stray opcode), which says nothing useful about the file.
+  pickle::Unpickled magic;
+  const std::string no_magic =
+      path + ": not a PyTorch checkpoint: it starts with a pickle, but not with torch.save's magic number "
+             "0x1950a86a20f9469cfc6c (a legacy checkpoint whose first bytes are damaged, or another pickle)";
+  try {
+    magic = pickle::unpickle(data, size, 0, path + " (legacy header)");
+  } catch (const Error&) {
+    throw Error(no_magic);
+  }
+  if (magic.value->kind != Kind::BigInt || magic.value->text != kMagic) throw Error(no_magic);
   auto protocol = pickle::unpickle(data, size, magic.end, path + " (legacy header)");
   if (protocol.value->kind != Kind::Int || protocol.value->integer != 1001)
     throw Error(path + ": legacy torch.save protocol version is not 1001; re-save with a modern torch or convert to safetensors");

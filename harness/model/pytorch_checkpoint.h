@@ -6,10 +6,14 @@
 // the memory-mapped file until converted.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "harness/common/mapped_file.h"
 #include "harness/model/safetensors.h"
+#include "harness/model/zip_archive.h"
 
 namespace kvevict {
 
@@ -22,6 +26,9 @@ class PytorchCheckpointFile : public WeightFile {
   // TensorInfo::begin/end are byte offsets in the file. A view of the mapping, or an
   // aligned copy where the legacy format left the bytes unaligned.
   torch::Tensor view(const TensorInfo& info) const override;
+  // The zip format's storage records against their CRC-32s (data.pkl is checked on every
+  // load); the legacy format has no checksums.
+  size_t verify_checksums() const override;
 
  private:
   void read_zip();
@@ -29,6 +36,8 @@ class PytorchCheckpointFile : public WeightFile {
 
   MappedFile file_;
   std::map<std::string, TensorInfo> tensors_;
+  std::unique_ptr<ZipArchive> zip_;  // the zip format's directory (null for the legacy format)
+  std::vector<std::pair<std::string, std::string>> storage_records_;  // zip record, its first tensor
 };
 
 }  // namespace kvevict

@@ -1,5 +1,6 @@
 #include "harness/model/restricted_unpickler.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <unordered_set>
@@ -98,6 +99,21 @@ class Reader {
   ValuePtr make(Kind kind) {
     auto v = std::make_shared<Value>();
     v->kind = kind;
+    if (kind == Kind::List || kind == Kind::Dict || kind == Kind::Tuple) v->nesting = 1;
+    return v;
+  }
+  // Notes that `item` is now held by `container`, and how deep that nests.
+  void adopt(Value& container, Value& item) {
+    item.contained = true;
+    container.nesting = std::max(container.nesting, item.nesting + 1);
+    if (container.nesting > kMaxPickleNesting)
+      fail(std::string(opcode_name(op_)) + " nests lists, dicts and tuples more than " +
+           std::to_string(kMaxPickleNesting) + " levels deep; a state dict nests a few");
+  }
+  ValuePtr make_tuple(std::vector<ValuePtr> items) {
+    auto v = make(Kind::Tuple);
+    for (const auto& item : items) adopt(*v, *item);
+    v->items = std::move(items);
     return v;
   }
   void push(ValuePtr v) { stack_.push_back(std::move(v)); }
@@ -244,12 +260,21 @@ bool reaches(const ValuePtr& root, const Value* target) {
 
 // A list or dict that came to hold itself (the memo makes that two opcodes) would be a
 // shared_ptr cycle that is never freed (fuzz_pytorch_bin found it); a state dict never
-// holds one, so it is refused.
+// holds one, so it is refused. Python's pickler fills a container before it puts it into
+// another, unless the container holds itself, so a cycle needs either the container as its
+// own item or a container changed after it went into another: two O(1) checks, which keep
+// the reader linear in the file (a search for the container under every added value was
+// quadratic in the nesting). The search runs once, only to word the refusal.
 void Reader::refuse_cycle(const ValuePtr& container, const std::vector<ValuePtr>& added) const {
-  for (const auto& value : added)
-    if ((!value->items.empty() || !value->entries.empty() || value == container) && reaches(value, container.get()))
-      fail(std::string(opcode_name(op_)) + " would put a " + kind_name(container->kind) +
-           " inside itself (a reference cycle); a state dict holds none");
+  bool cycle = false;
+  for (const auto& value : added) cycle = cycle || value == container;
+  if (!cycle && !container->contained) return;
+  for (const auto& value : added) cycle = cycle || reaches(value, container.get());
+  if (cycle)
+    fail(std::string(opcode_name(op_)) + " would put a " + kind_name(container->kind) +
+         " inside itself (a reference cycle); a state dict holds none");
+  fail(std::string(opcode_name(op_)) + " would change a " + kind_name(container->kind) +
+       " that is already inside another container; Python's pickler never does, a state dict has no use for it");
 }
 
 void Reader::set_items(const ValuePtr& dict, const std::vector<ValuePtr>& kv) {
@@ -257,14 +282,17 @@ void Reader::set_items(const ValuePtr& dict, const std::vector<ValuePtr>& kv) {
   if (kv.size() % 2) fail("SETITEMS with an odd number of items");
   refuse_cycle(dict, kv);
   for (size_t i = 0; i < kv.size(); i += 2) {
-    bool replaced = false;
-    if (kv[i]->kind == Kind::String)
-      for (auto& e : dict->entries)
-        if (e.first->kind == Kind::String && e.first->text == kv[i]->text) {
-          e.second = kv[i + 1];
-          replaced = true;
-        }
-    if (!replaced) dict->entries.emplace_back(kv[i], kv[i + 1]);
+    adopt(*dict, *kv[i]);
+    adopt(*dict, *kv[i + 1]);
+    // A string key given again replaces its value, as in Python (other keys compare by identity).
+    if (kv[i]->kind == Kind::String) {
+      const auto [it, fresh] = dict->string_keys.emplace(kv[i]->text, dict->entries.size());
+      if (!fresh) {
+        dict->entries[it->second].second = kv[i + 1];
+        continue;
+      }
+    }
+    dict->entries.emplace_back(kv[i], kv[i + 1]);
   }
 }
 
@@ -360,18 +388,11 @@ Unpickled Reader::run() {
         break;
       }
       case 'Q': push(persistent_load(pop())); break;
-      case 't': {
-        auto v = make(Kind::Tuple);
-        v->items = pop_to_mark();
-        push(v);
-        break;
-      }
+      case 't': push(make_tuple(pop_to_mark())); break;
       case 0x85: case 0x86: case 0x87: {
-        size_t n = op_ - 0x84u;
-        auto v = make(Kind::Tuple);
-        v->items.resize(n);
-        for (size_t i = n; i-- > 0;) v->items[i] = pop();
-        push(v);
+        std::vector<ValuePtr> items(op_ - 0x84u);
+        for (size_t i = items.size(); i-- > 0;) items[i] = pop();
+        push(make_tuple(std::move(items)));
         break;
       }
       case 'h': push(memo_get(little(1))); break;
@@ -405,6 +426,7 @@ Unpickled Reader::run() {
         ValuePtr value = pop();
         if (top()->kind != Kind::List) fail("APPEND to a non-list");
         refuse_cycle(top(), {value});
+        adopt(*top(), *value);
         top()->items.push_back(value);
         break;
       }
@@ -412,6 +434,7 @@ Unpickled Reader::run() {
         auto values = pop_to_mark();
         if (top()->kind != Kind::List) fail("APPENDS to a non-list");
         refuse_cycle(top(), values);
+        for (const auto& value : values) adopt(*top(), *value);
         top()->items.insert(top()->items.end(), values.begin(), values.end());
         break;
       }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -43,14 +44,22 @@ enum class Callable { NotCallable, OrderedDict, RebuildTensorV2 };
 struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 
+// How deep lists, dicts and tuples may nest in a pickle. Python's pickler recurses once
+// per level and stops near its recursion limit of 1000, so no pickle it wrote nests
+// deeper; a state dict nests about 4 levels.
+constexpr int kMaxPickleNesting = 1000;
+
 struct Value {
   Kind kind = Kind::None;
+  int nesting = 0;         // containers inside containers below this value (0: holds none)
+  bool contained = false;  // already an item of a list, dict or tuple
   bool boolean = false;
   int64_t integer = 0;
   double real = 0;
   std::string text;  // String; Global's dotted name; BigInt's little-endian bytes
   std::vector<ValuePtr> items;                           // Tuple, List
   std::vector<std::pair<ValuePtr, ValuePtr>> entries;    // Dict, in insertion order
+  std::unordered_map<std::string, size_t> string_keys;   // Dict: string key -> its entry
   Callable callable = Callable::NotCallable;             // Global
   StorageType storage_type;                              // Global naming a storage type
   StorageRef storage;                                    // Storage

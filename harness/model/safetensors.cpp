@@ -161,6 +161,12 @@ std::vector<std::string> WeightStore::names() const {
   return out;
 }
 
+size_t WeightStore::verify_checksums() const {
+  size_t checked = 0;
+  for (const auto& file : files_) checked += file->verify_checksums();
+  return checked;
+}
+
 size_t WeightStore::total_bytes() const {
   size_t total = 0;
   for (auto& [_, w] : where_) total += w.second.end - w.second.begin;

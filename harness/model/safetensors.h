@@ -21,6 +21,9 @@ class WeightFile {
   virtual const std::map<std::string, TensorInfo>& tensors() const = 0;
   // A zero-copy view of the mapped bytes where alignment allows, with the stored dtype.
   virtual torch::Tensor view(const TensorInfo& info) const = 0;
+  // Checks every stored checksum the format has (reading all of the file's tensor bytes);
+  // returns how many records were checked, 0 for a format without checksums.
+  virtual size_t verify_checksums() const { return 0; }
 };
 
 class SafetensorsFile : public WeightFile {
@@ -54,6 +57,9 @@ class WeightStore {
                     const torch::Device& device) const;
   std::vector<std::string> names() const;
   size_t total_bytes() const;
+  size_t file_count() const { return files_.size(); }
+  // WeightFile::verify_checksums over every file: the number of records checked.
+  size_t verify_checksums() const;
 
  private:
   std::vector<std::shared_ptr<WeightFile>> files_;

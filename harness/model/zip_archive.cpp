@@ -1,6 +1,7 @@
 #include "harness/model/zip_archive.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "harness/common/errors.h"
@@ -46,7 +47,35 @@ bool apply_zip64_extra(const uint8_t* extra, size_t extra_len, uint64_t* size,
   return true;
 }
 
+// CRC-32 eight bytes at a time ("slicing by 8"): table[k][b] is the CRC of byte b
+// followed by k zero bytes.
+struct Crc32Tables {
+  uint32_t table[8][256];
+  Crc32Tables() {
+    for (uint32_t b = 0; b < 256; ++b) {
+      uint32_t crc = b;
+      for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+      table[0][b] = crc;
+    }
+    for (uint32_t b = 0; b < 256; ++b)
+      for (int k = 1; k < 8; ++k) table[k][b] = (table[k - 1][b] >> 8) ^ table[0][table[k - 1][b] & 0xFF];
+  }
+};
+
 }  // namespace
+
+uint32_t zip_crc32(const uint8_t* data, size_t size) {
+  static const Crc32Tables tables;
+  const auto& t = tables.table;
+  uint32_t crc = 0xFFFFFFFFu;
+  for (; size >= 8; data += 8, size -= 8) {
+    const uint32_t low = crc ^ u32(data), high = u32(data + 4);
+    crc = t[7][low & 0xFF] ^ t[6][(low >> 8) & 0xFF] ^ t[5][(low >> 16) & 0xFF] ^ t[4][low >> 24] ^
+          t[3][high & 0xFF] ^ t[2][(high >> 8) & 0xFF] ^ t[1][(high >> 16) & 0xFF] ^ t[0][high >> 24];
+  }
+  for (; size > 0; ++data, --size) crc = (crc >> 8) ^ t[0][(crc ^ *data) & 0xFF];
+  return ~crc;
+}
 
 bool ZipArchive::looks_like_zip(const uint8_t* data, size_t size) {
   return size >= 4 && u32(data) == kLocalHeader;
@@ -61,37 +90,72 @@ ZipArchive::ZipArchive(std::string path, const uint8_t* data, size_t size)
     if (u32(data_ + at) != kEndOfDirectory) continue;
     const uint8_t* end = data_ + at;
     if (at + 22 + u16(end + 20) > size_) continue;  // a signature inside the comment
+    const auto corrupt = [&](const std::string& what) {
+      return Error(path_ + ": corrupt zip archive: " + what);
+    };
+    const uint16_t disk = u16(end + 4), directory_disk = u16(end + 6);
+    const uint64_t disk_count = u16(end + 8);
     uint64_t count = u16(end + 10), directory_size = u32(end + 12), directory_offset = u32(end + 16);
+    uint64_t end_records = at;  // where the central directory must end
+    if (disk != 0 || directory_disk != 0)
+      throw corrupt("the end record names disk " + std::to_string(disk) + " and directory disk " +
+                    std::to_string(directory_disk) + "; a multi-disk archive is not a torch.save file");
     if (at >= 20 && u32(data_ + at - 20) == kZip64Locator) {
       uint64_t zip64_end = u64(data_ + at - 20 + 8);
-      if (zip64_end > size_ || size_ - zip64_end < 56 || u32(data_ + zip64_end) != kZip64EndOfDirectory)
+      if (zip64_end > at - 20 || at - 20 - zip64_end < 56 || u32(data_ + zip64_end) != kZip64EndOfDirectory)
         throw Error(path_ + ": corrupt zip archive: the ZIP64 end-of-central-directory locator points to offset " +
                     std::to_string(zip64_end) + ", where no ZIP64 end record is");
       const uint8_t* z = data_ + zip64_end;
-      count = u64(z + 32);
-      directory_size = u64(z + 40);
-      directory_offset = u64(z + 48);
+      const uint64_t z_disk_count = u64(z + 24), z_count = u64(z + 32), z_size = u64(z + 40), z_offset = u64(z + 48);
+      if (u32(z + 16) != 0 || u32(z + 20) != 0 || z_disk_count != z_count)
+        throw corrupt("the ZIP64 end record describes a multi-disk archive");
+      // The end record keeps each field that fits, or 0xFFFF... to say "see ZIP64".
+      const auto agrees = [&](const char* field, uint64_t small, uint64_t placeholder, uint64_t wide) {
+        if (small != placeholder && small != wide)
+          throw corrupt("the end record's " + std::string(field) + " " + std::to_string(small) +
+                        " disagrees with the ZIP64 end record's " + std::to_string(wide));
+      };
+      agrees("entry count", count, 0xFFFF, z_count);
+      agrees("entry count on this disk", disk_count, 0xFFFF, z_count);
+      agrees("central directory size", directory_size, 0xFFFFFFFFu, z_size);
+      agrees("central directory offset", directory_offset, 0xFFFFFFFFu, z_offset);
+      count = z_count;
+      directory_size = z_size;
+      directory_offset = z_offset;
+      end_records = zip64_end;
+    } else if (disk_count != count) {
+      throw corrupt("the end record counts " + std::to_string(count) + " entries in all but " +
+                    std::to_string(disk_count) + " on its disk");
     }
-    read_directory(directory_offset, directory_size, count);
+    read_directory(directory_offset, directory_size, count, end_records);
     has_directory_ = true;
     return;
   }
 }
 
-void ZipArchive::read_directory(uint64_t directory_offset, uint64_t directory_size, uint64_t count) {
+void ZipArchive::read_directory(uint64_t directory_offset, uint64_t directory_size, uint64_t count,
+                                uint64_t end_records) {
   if (directory_offset > size_ || directory_size > size_ - directory_offset)
     throw Error(path_ + ": truncated zip archive: the central directory (" + std::to_string(directory_size) +
                 " bytes at offset " + std::to_string(directory_offset) + ") runs past the end of the file (" +
                 std::to_string(size_) + " bytes)");
+  if (directory_offset + directory_size != end_records)
+    throw Error(path_ + ": corrupt zip archive: the central directory (" + std::to_string(directory_size) +
+                " bytes at offset " + std::to_string(directory_offset) + ") does not end where the end record begins (byte " +
+                std::to_string(end_records) + ")");
   const uint8_t* p = data_ + directory_offset;
   const uint8_t* end = p + directory_size;
   for (uint64_t i = 0; i < count; ++i) {
+    if (p == end)
+      throw Error(path_ + ": corrupt zip archive: the end record counts " + std::to_string(count) +
+                  " entries, but the central directory holds " + std::to_string(i));
     if (end - p < 46 || u32(p) != kCentralHeader)
       throw Error(path_ + ": corrupt zip archive: central directory entry " + std::to_string(i) + " of " +
                   std::to_string(count) + " is malformed");
     ZipEntry e;
     e.flags = u16(p + 8);
     e.method = u16(p + 10);
+    e.crc32 = u32(p + 16);
     e.compressed_size = u32(p + 20);
     e.size = u32(p + 24);
     uint16_t name_len = u16(p + 28), extra_len = u16(p + 30), comment_len = u16(p + 32);
@@ -102,11 +166,18 @@ void ZipArchive::read_directory(uint64_t directory_offset, uint64_t directory_si
     e.name.assign(reinterpret_cast<const char*>(p + 46), name_len);
     if (!apply_zip64_extra(p + 46 + name_len, extra_len, &e.size, &e.compressed_size, &e.local_header_offset))
       throw Error(path_ + ": corrupt zip archive: record " + e.name + " has a malformed ZIP64 extra field");
+    if (e.local_header_offset >= directory_offset)
+      throw Error(path_ + ": corrupt zip archive: record " + e.name + " has its local header at byte " +
+                  std::to_string(e.local_header_offset) + ", not before the central directory (byte " +
+                  std::to_string(directory_offset) + ")");
     if (!by_name_.emplace(e.name, entries_.size()).second)
       throw Error(path_ + ": corrupt zip archive: record " + e.name + " appears twice");
     entries_.push_back(std::move(e));
     p += 46 + name_len + extra_len + comment_len;
   }
+  if (p != end)
+    throw Error(path_ + ": corrupt zip archive: the end record counts " + std::to_string(count) +
+                " entries, but the central directory holds " + std::to_string(end - p) + " bytes more");
 }
 
 const ZipEntry* ZipArchive::find(const std::string& name) const {
@@ -149,6 +220,17 @@ const uint8_t* ZipArchive::stored_data(const ZipEntry& entry, const std::string&
     throw Error(where + ": stored size " + std::to_string(entry.compressed_size) + " differs from its size " +
                 std::to_string(entry.size) + "; the archive is corrupt");
   return data_ + local->data_offset;
+}
+
+void ZipArchive::check_crc(const ZipEntry& entry, const std::string& what) const {
+  const uint32_t crc = zip_crc32(stored_data(entry, what), entry.size);
+  if (crc != entry.crc32) {
+    char found[16], expected[16];
+    std::snprintf(found, sizeof found, "%08x", crc);
+    std::snprintf(expected, sizeof expected, "%08x", entry.crc32);
+    throw Error(path_ + ": record " + entry.name + " (" + what + "): its bytes have CRC-32 " + found +
+                ", the central directory says " + expected + "; the archive is corrupt");
+  }
 }
 
 }  // namespace kvevict
