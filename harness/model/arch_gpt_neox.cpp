@@ -25,10 +25,7 @@ ArchSpec describe_gpt_neox(const nlohmann::json& c, const std::string& path, con
                                                                 : ResidualKind::PreNormSequential;
   a.positions = PositionKind::Rotary;
   a.qkv = QkvLayout::FusedPerHead;
-  a.rotary_dim = static_cast<int64_t>(a.head_dim * config_double_or(c, path, "rotary_pct", 0.25, 0, 1));
-  if (a.rotary_dim <= 0 || a.rotary_dim % 2 != 0)
-    throw Error(path + ": rotary_pct gives " + std::to_string(a.rotary_dim) + " rotary dims of head size " +
-                std::to_string(a.head_dim) + " (need an even number above 0)");
+  a.rotary_dim = read_rotary_dim(a, c, path, "rotary_pct", 0.25);
   a.rope_theta = config_double_or(c, path, "rotary_emb_base",
                                   config_double_or(c, path, "rope_theta", 10000.0, 1, 1e12), 1, 1e12);
   a.tied_head = config_bool_or(c, path, "tie_word_embeddings", false);

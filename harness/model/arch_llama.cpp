@@ -64,10 +64,7 @@ void read_rotary(ArchSpec& a, const nlohmann::json& c, const std::string& path, 
   const double partial = config_double_or(c, path, "partial_rotary_factor", 1.0, 0, 1);
   if (partial != 1.0 && !variant.partial_rotary)
     refuse_key(path, a.model_type, "partial_rotary_factor " + std::to_string(partial), "(only 1)");
-  a.rotary_dim = static_cast<int64_t>(a.head_dim * partial);
-  if (a.rotary_dim <= 0 || a.rotary_dim % 2 != 0 || a.rotary_dim > a.head_dim)
-    throw Error(path + ": partial_rotary_factor gives " + std::to_string(a.rotary_dim) +
-                " rotary dims of head_dim " + std::to_string(a.head_dim));
+  a.rotary_dim = read_rotary_dim(a, c, path, "partial_rotary_factor", 1.0);
   a.rope_theta = config_double_or(c, path, "rope_theta", 10000.0, 1, 1e12);
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object())
     a.rope_theta = config_double_or(c["rope_parameters"], path, "rope_theta", a.rope_theta, 1, 1e12);

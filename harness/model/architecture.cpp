@@ -90,6 +90,23 @@ void read_mha_shape(ArchSpec& a, const nlohmann::json& config, const std::string
   a.head_dim = a.hidden / a.n_heads;
 }
 
+int64_t read_rotary_dim(const ArchSpec& a, const nlohmann::json& config, const std::string& path,
+                        const std::string& fraction_key, double fallback) {
+  const double fraction = config_double_or(config, path, fraction_key, fallback, 0, 1);
+  const int64_t rotary_dim = static_cast<int64_t>(a.head_dim * fraction);
+  if (rotary_dim > 0 && rotary_dim % 2 == 0) return rotary_dim;
+  const std::string head_dim =
+      present(config, "head_dim")
+          ? "head_dim " + std::to_string(a.head_dim)
+          : "head_dim " + std::to_string(a.head_dim) + " (hidden_size " + std::to_string(a.hidden) +
+                " / num_attention_heads " + std::to_string(a.n_heads) + ")";
+  if (!present(config, fraction_key) && fraction == 1.0)
+    throw Error(path + ": " + head_dim + " is odd; RoPE turns dimensions in pairs, so it must be even");
+  throw Error(path + ": " + fraction_key + " " + short_number(fraction) +
+              (present(config, fraction_key) ? "" : " (the default)") + " of " + head_dim + " gives " +
+              std::to_string(rotary_dim) + " rotary dims (need an even number above 0)");
+}
+
 std::string checked_model_type(const nlohmann::json& config, const std::string& config_path) {
   if (!config.contains("model_type") || !config["model_type"].is_string())
     throw Error(config_path + ": missing string key \"model_type\"");

@@ -114,6 +114,14 @@ RopeScaling read_rope_scaling(const nlohmann::json& config, const std::string& p
 // num_attention_heads, one KV head per query head, head width hidden / heads (an exact split).
 void read_mha_shape(ArchSpec& a, const nlohmann::json& config, const std::string& path);
 
+// The rotary dims of a head: head_dim times `fraction_key` (partial_rotary_factor,
+// rotary_pct; `fallback` when absent), which must be even and above 0 (RoPE turns
+// dimensions in pairs). The error names the keys that decide it: head_dim, or
+// hidden_size / num_attention_heads where head_dim is derived, and the fraction's key
+// only when the config sets it.
+int64_t read_rotary_dim(const ArchSpec& a, const nlohmann::json& config, const std::string& path,
+                        const std::string& fraction_key, double fallback);
+
 // Upper bounds for config.json sizes: far above any released model, low enough that
 // the tensor list and every shape product stay small and inside int64.
 constexpr int64_t kMaxLayers = 1024, kMaxHeads = 4096, kMaxHidden = 1 << 18;
