@@ -33,27 +33,7 @@ std::vector<GenerationDoc> h2o_docs(const std::vector<JsonLine>& rows, const Tas
   size_t count = rows.size();
   if (options.limit >= 0) count = std::min(count, static_cast<size_t>(options.limit));
   std::vector<GenerationDoc> docs;
-  for (size_t i = 0; i < count; ++i) {
-    const JsonLine& row = rows[i];
-    GenerationDoc doc;
-    doc.id = std::to_string(i);
-    doc.prompt = row.string_field("article");
-    doc.reference = row.string_field("summary_gt");
-    const long long max_tokens = row.int_field("max_tokens");
-    if (max_tokens < 1) row.fail("max_tokens must be at least 1");
-    doc.max_new_tokens = static_cast<int>(max_tokens);
-    const auto& temperature = row.field("temperature");
-    if (!temperature.is_number() || temperature.get<double>() < 0)
-      row.fail("field \"temperature\" must be a number >= 0");
-    doc.temperature = temperature.get<double>();
-    const auto& stop = row.field("stop");
-    if (!stop.is_array()) row.fail("field \"stop\" must be a list of strings");
-    for (const auto& s : stop) {
-      if (!s.is_string()) row.fail("field \"stop\" must be a list of strings");
-      doc.stop.push_back(s.get<std::string>());
-    }
-    docs.push_back(std::move(doc));
-  }
+  for (size_t i = 0; i < count; ++i) docs.push_back(h2o_request_doc(rows[i], std::to_string(i)));
   return docs;
 }
 

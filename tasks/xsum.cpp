@@ -55,21 +55,7 @@ std::vector<GenerationDoc> h2o_prompt_file_docs(const TaskOptions& options) {
   std::vector<GenerationDoc> out;
   for (const JsonLine& row : read_jsonl(path)) {
     if (options.limit >= 0 && out.size() >= static_cast<size_t>(options.limit)) break;
-    GenerationDoc doc;
-    doc.id = std::to_string(out.size());
-    doc.prompt = row.string_field("article");
-    doc.reference = row.string_field("summary_gt");
-    const auto& stop = row.field("stop");
-    if (!stop.is_array()) row.fail("field \"stop\" must be a list of strings");
-    for (const auto& s : stop) {
-      if (!s.is_string()) row.fail("field \"stop\" must be a list of strings");
-      doc.stop.push_back(s.get<std::string>());
-    }
-    doc.max_new_tokens = static_cast<int>(row.int_field("max_tokens"));
-    const auto& temperature = row.field("temperature");
-    if (!temperature.is_number() || temperature.get<double>() < 0) row.fail("field \"temperature\" must be a number >= 0");
-    doc.temperature = temperature.get<double>();
-    out.push_back(std::move(doc));
+    out.push_back(h2o_request_doc(row, std::to_string(out.size())));
   }
   return out;
 }
