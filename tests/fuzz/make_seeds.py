@@ -77,6 +77,34 @@ for name in ("gpt-neox-20b", "llama3", "qwen3"):
     tok["added_tokens"] = [dict(t, id=400 + i) for i, t in enumerate(tok.get("added_tokens", [])[:3])]
     write("bpe_json", name, json.dumps(tok, ensure_ascii=False))
 
+# tokenizer.json's added tokens and Split regex (fuzz_bpe_added_tokens): FLAGS REGEX \0
+# ADDED_TOKENS \0 TEXT over the target's own 260-token vocabulary, so added ids start at 260.
+sample = "Once upon a time, the cat sat.\n  123 \u00e9l\u00e8ve 4567 \u4f60\u597d!! "
+for name in ("llama3", "qwen3", "gpt-neox-20b"):
+    path = os.path.join(data, "tokenizers", name, "tokenizer.json")
+    if not os.path.exists(path):
+        continue
+    tok = json.load(open(path, encoding="utf-8"))
+    pre = tok.get("pre_tokenizer") or {}
+    regex = ""
+    for step in pre.get("pretokenizers", []):
+        if step.get("type") == "Split":
+            regex = step["pattern"]["Regex"]
+    added = [dict(t, id=260 + i) for i, t in enumerate(tok.get("added_tokens", [])[:4])]
+    text = sample + "".join(t["content"] for t in added[:2]) + " the" + sample
+    flags = (1 if regex else 0) | (2 if (tok.get("normalizer") or {}).get("type") == "NFC" else 0)
+    write("bpe_added_tokens", name, bytes([flags]) + regex.encode() + b"\0" +
+          json.dumps(added, ensure_ascii=False).encode() + b"\0" + text.encode())
+# A regex that backtracks without bound, and added-token lists the loader refuses.
+write("bpe_added_tokens", "catastrophic-regex", b"\1(a+)+$|(\\s*)*x\0[]\0" + b"a" * 40 + b"!")
+write("bpe_added_tokens", "empty-regex", b"\1\0[]\0the cat")
+for label, tokens in (("id-2-31", [{"content": "<|x|>", "id": 2 ** 31}]),
+                      ("content-twice", [{"content": "<|x|>", "id": 260}, {"content": "<|x|>", "id": 261}]),
+                      ("id-twice", [{"content": "<|x|>", "id": 260}, {"content": "<|y|>", "id": 260}]),
+                      ("vocab-id", [{"content": "<|x|>", "id": 5}]),
+                      ("in-vocab", [{"content": "aa", "id": 259, "special": True, "normalized": False}])):
+    write("bpe_added_tokens", label, b"\0\0" + json.dumps(tokens).encode() + b"\0<|x|>aa<|y|> the")
+
 # vocab.json + merges.txt (GPT-2), joined by a NUL byte as fuzz_bpe_vocab_merges reads them.
 gpt2 = os.path.join(data, "tokenizers", "gpt2")
 vocab = json.load(open(os.path.join(gpt2, "vocab.json"), encoding="utf-8"))
@@ -127,6 +155,14 @@ for d in model_dirs:
             write("pytorch_bin", d + "-small.zip", buffer.getvalue())
     else:
         write("pytorch_bin", d + "-legacy-head", open(path, "rb").read()[:8192])
+
+# Hand-made pickles at the reader's limits: lists nested 1,200 deep (past the 1,000-level
+# bound), one list twice in a tuple through the memo (allowed), a dict put inside itself
+# and a list appended to itself (cycles, refused).
+write("pytorch_bin", "nested-lists", b"\x80\x02" + b"]" * 1200 + b"a" * 1199 + b".")
+write("pytorch_bin", "memo-shared-list", b"\x80\x02]q\x00h\x00\x86.")
+write("pytorch_bin", "dict-holds-itself", b"\x80\x02}q\x00(X\x01\x00\x00\x00ah\x00X\x01\x00\x00\x00bh\x00u.")
+write("pytorch_bin", "self-append", b"\x80\x02]q\x00h\x00a.")
 
 # Sweep configs: every config in the repository as it is, and the config each reference
 # result was run with (the "config" member of results/*/config.json).
