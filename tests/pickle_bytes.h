@@ -38,8 +38,8 @@ struct ZipRecord {
 
 // A minimal zip writer: local headers with the sizes, a 64-byte-aligned data start (as
 // torch's writer pads), the central directory and the end record; with `zip64`, every
-// size and offset goes through ZIP64 extra fields and the ZIP64 end record, as in
-// multi-GB shards.
+// record's size and offset goes through ZIP64 extra fields, and a ZIP64 end record
+// precedes the end record, as in multi-GB shards.
 inline Bytes write_zip(const std::vector<ZipRecord>& records, bool zip64) {
   Bytes out, central;
   for (const ZipRecord& r : records) {
@@ -78,11 +78,11 @@ inline Bytes write_zip(const std::vector<ZipRecord>& records, bool zip64) {
     put64(out, records.size()), put64(out, records.size()), put64(out, central.size()), put64(out, directory_offset);
     put32(out, 0x07064b50), put32(out, 0), put64(out, end64), put32(out, 1);
   }
+  // The end record keeps every value that fits its field (all do here), as torch's and
+  // Python's writers do even beside a ZIP64 end record; 0xFFFF... would mean "too large".
   put32(out, 0x06054b50), put16(out, 0), put16(out, 0);
-  put16(out, zip64 ? 0xFFFF : static_cast<uint16_t>(records.size()));
-  put16(out, zip64 ? 0xFFFF : static_cast<uint16_t>(records.size()));
-  put32(out, zip64 ? 0xFFFFFFFFu : static_cast<uint32_t>(central.size()));
-  put32(out, zip64 ? 0xFFFFFFFFu : static_cast<uint32_t>(directory_offset));
+  put16(out, static_cast<uint16_t>(records.size())), put16(out, static_cast<uint16_t>(records.size()));
+  put32(out, static_cast<uint32_t>(central.size())), put32(out, static_cast<uint32_t>(directory_offset));
   put16(out, 0);
   return out;
 }

@@ -48,6 +48,21 @@ std::string copy_model(const std::string& model_dir, const std::string& name) {
   return dir;
 }
 
+// Writes the CRC-32 of a stored record's current bytes into its central directory entry
+// and local header, so that a test can change a record's content without the CRC check
+// catching it first.
+void refresh_crc(Bytes& archive, const std::string& record) {
+  const auto* data = reinterpret_cast<const uint8_t*>(archive.data());
+  ZipArchive zip("archive", data, archive.size());
+  const ZipEntry* entry = zip.find(record);
+  REQUIRE(entry);
+  const uint32_t crc = zip_crc32(zip.stored_data(*entry, record), entry->size);
+  const size_t central = archive.rfind(record) - 46;  // the directory comes last
+  REQUIRE(archive.compare(central, 4, "PK\x01\x02") == 0);
+  for (size_t at : {central + 16, static_cast<size_t>(entry->local_header_offset) + 14})
+    for (int i = 0; i < 4; ++i) archive[at + i] = static_cast<char>(crc >> (8 * i));
+}
+
 // `kvevict perplexity` on a damaged model directory: it must fail with one line.
 std::string cli_error(const std::string& dir) {
   auto tokens = fs::path(dir) / "tokens.txt";
@@ -225,6 +240,7 @@ TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file an
     REQUIRE(at != std::string::npos);
     bytes[at + 6] = 100;
     bytes[at + 7] = 0;
+    refresh_crc(bytes, "pytorch_model/data.pkl");  // a pickle changed on purpose, not by damage
     write_file(file, bytes);
     auto msg = cli_error(dir);
     CHECK_THAT(msg, Catch::Contains(file.string()) && Catch::Contains("tensor decoder.embed_positions.weight") &&
@@ -349,7 +365,7 @@ TEST_CASE("tensor shapes whose sizes overflow 64 bits are refused by name", "[pi
     auto dir = test::temp_dir("pickle_overflow");
     write_file(fs::path(dir) / "pytorch_model.bin",
                write_zip({{"archive/data.pkl", p}, {"archive/data/0", floats({1, 2})}}, false));
-    CHECK_THAT(open_error(dir), Catch::Contains("pytorch_model.bin: tensor w: shape [4611686018427387904, "
+    CHECK_THAT(open_error(dir), Catch::Contains("pytorch_model.bin: tensor w: shape [4611686018427387904,"
                                                 "4611686018427387904] overflows"));
   }
 }
@@ -383,7 +399,10 @@ TEST_CASE("the zip structure is checked on every load", "[pickle][errors]") {
              Catch::Contains("the central directory") && Catch::Contains("runs past the end of the file"));
   CHECK_THAT(error_after(false, [&](Bytes& b, size_t e) { set32(b, e + 12, 50); }),
              Catch::Contains("does not end where the end record begins"));
-  // With ZIP64 the end record keeps placeholders or the same values.
+  // With ZIP64 the end record keeps the values that fit, and 0xFFFF... only for one that does not.
+  CHECK_THAT(error_after(true, [&](Bytes& b, size_t e) { set16(b, e + 8, 0xFFFF), set16(b, e + 10, 0xFFFF); }),
+             Catch::Contains("the end record's entry count 65535 disagrees with the ZIP64 end record's 2 (the "
+                             "placeholder stands only for a value too large for it)"));
   CHECK_THAT(error_after(true, [&](Bytes& b, size_t e) { set16(b, e + 10, 3); }),
              Catch::Contains("the end record's entry count 3 disagrees with the ZIP64 end record's 2"));
   CHECK_THAT(error_after(true, [&](Bytes& b, size_t e) { set32(b, e + 16, 0x7FFFFFF0); }),

@@ -109,11 +109,13 @@ ZipArchive::ZipArchive(std::string path, const uint8_t* data, size_t size)
       const uint64_t z_disk_count = u64(z + 24), z_count = u64(z + 32), z_size = u64(z + 40), z_offset = u64(z + 48);
       if (u32(z + 16) != 0 || u32(z + 20) != 0 || z_disk_count != z_count)
         throw corrupt("the ZIP64 end record describes a multi-disk archive");
-      // The end record keeps each field that fits, or 0xFFFF... to say "see ZIP64".
+      // The end record keeps each value that fits and 0xFFFF... ("see ZIP64") for one
+      // that does not, as torch's, Python's, Go's and Java's writers do.
       const auto agrees = [&](const char* field, uint64_t small, uint64_t placeholder, uint64_t wide) {
-        if (small != placeholder && small != wide)
+        if (small != std::min(wide, placeholder))
           throw corrupt("the end record's " + std::string(field) + " " + std::to_string(small) +
-                        " disagrees with the ZIP64 end record's " + std::to_string(wide));
+                        " disagrees with the ZIP64 end record's " + std::to_string(wide) +
+                        (small == placeholder ? " (the placeholder stands only for a value too large for it)" : ""));
       };
       agrees("entry count", count, 0xFFFF, z_count);
       agrees("entry count on this disk", disk_count, 0xFFFF, z_count);

@@ -39,9 +39,9 @@ class ZipArchive {
   // directory. A missing end record is not thrown here: has_directory() says so, so
   // that the caller can tell which record the truncation cut (see local_record_at).
   // The structure is checked and kvevict::Error names `path` when it is wrong: one disk
-  // only, the end record's counts, size and offset agree with the ZIP64 end record's
-  // (or are its 0xFFFF... placeholders), the directory ends where the end records begin
-  // and holds exactly the entries counted, no name twice.
+  // only, the end record's counts, size and offset equal the ZIP64 end record's where
+  // they fit (0xFFFF... where they do not), the directory ends where the end records
+  // begin and holds exactly the entries counted, no name twice.
   ZipArchive(std::string path, const uint8_t* data, size_t size);
 
   bool has_directory() const { return has_directory_; }
