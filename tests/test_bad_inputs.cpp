@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "notebooks-export/results_csv.h"
+#include "tests/pickle_bytes.h"
 #include "tests/test_support.h"
 
 namespace fs = std::filesystem;
@@ -82,6 +83,71 @@ std::string good_row(const std::string& task = "copa") {
   row.value = 0.5;
   row.n = 10;
   return kvevict::format_row(row) + "\n";
+}
+
+// The GPT-NeoX tokenizer.json cut to its first 400 tokens (the merges among them kept),
+// with its two special tokens (ids 0 and 1, in the vocabulary) and one added token, 24
+// spaces, at id 400: a small tokenizer that loads, for models of 401 tokens or more.
+const json& small_tokenizer() {
+  static const json tokenizer = [] {
+    json t = kvevict::test::read_json(kvevict::test::data("tokenizers/gpt-neox-20b/tokenizer.json"));
+    json vocab = json::object();
+    for (const auto& [token, id] : t["model"]["vocab"].items())
+      if (id.get<int>() < 400) vocab[token] = id;
+    json merges = json::array();
+    for (const auto& merge : t["model"]["merges"]) {
+      const std::string text = merge.get<std::string>();
+      const std::string left = text.substr(0, text.find(' ')), right = text.substr(text.find(' ') + 1);
+      if (vocab.contains(left) && vocab.contains(right) && vocab.contains(left + right)) merges.push_back(merge);
+    }
+    t["model"]["vocab"] = vocab;
+    t["model"]["merges"] = merges;
+    t["added_tokens"] = json::array({t["added_tokens"][0], t["added_tokens"][1], t["added_tokens"][2]});
+    t["added_tokens"][2]["id"] = 400;
+    return t;
+  }();
+  return tokenizer;
+}
+
+// A Sequence [Split REGEX, ByteLevel] pre-tokenizer, as Llama-3 and Qwen have.
+json split_pre_tokenizer(const std::string& regex) {
+  return {{"type", "Sequence"},
+          {"pretokenizers",
+           json::array({{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+}
+
+// A copy of a pytorch_model.bin model folder (config.json and the checkpoint) to damage,
+// and the perplexity command that loads it.
+std::string bin_model(const std::string& root, const std::string& base = "models/tiny-random-opt-bin") {
+  const std::string dir = root + "/m";
+  fs::create_directories(dir);
+  for (const char* file : {"config.json", "pytorch_model.bin"}) {
+    fs::copy_file(kvevict::test::data(base) + "/" + file, dir + "/" + file);
+    fs::permissions(dir + "/" + file, fs::perms::owner_write, fs::perm_options::add);
+  }
+  return dir;
+}
+std::string load_command(const std::string& root, const std::string& model) {
+  write(root + "/tokens.txt", "2 5 7 9 11");
+  return "perplexity --model " + model + " --tokens-file " + root + "/tokens.txt";
+}
+// Overwrites bytes of a file in place.
+void patch(const std::string& path, size_t offset, const std::string& bytes) {
+  std::string text = kvevict::test::read_text(path);
+  REQUIRE(offset + bytes.size() <= text.size());
+  text.replace(offset, bytes.size(), bytes);
+  write(path, text);
+}
+std::string le16(uint16_t v) { return std::string{static_cast<char>(v & 0xFF), static_cast<char>(v >> 8)}; }
+std::string le32(uint32_t v) { return le16(static_cast<uint16_t>(v & 0xFFFF)) + le16(static_cast<uint16_t>(v >> 16)); }
+
+// One line of H2O's CNN/DM request file with a short article, `patch` merged in.
+std::string cnndm_request(const json& patch) {
+  json line = {{"article", "###\nArticle: A cat sat on the mat."}, {"summary_gt", "A cat sat."},
+               {"max_tokens", 8}, {"temperature", 0.3}, {"stop", {"###"}}};
+  line.merge_patch(patch);
+  return line.dump() + "\n";
 }
 
 struct Case {
@@ -443,6 +509,237 @@ std::vector<Case> cases() {
                  return "export " + d + "/r --svg " + d + "/svg";
                },
                {"results.csv:3"}});
+
+  // tokenizer.json: ids read strictly and checked as Hugging Face's tokenizers assigns them;
+  // the Split regex bounded. The model (tiny-random-llama3) has 512 tokens, the tokenizer 401.
+  auto tokenizer_case = [&](const std::string& name, std::function<void(json&)> mutate,
+                            std::vector<std::string> expected, const std::string& prompt = "the cat") {
+    c.push_back({"tokenizer.json", name,
+                 [=](const std::string& d) {
+                   const std::string m = model_dir(d, "m", json::object(), "models/tiny-random-llama3");
+                   json tokenizer = small_tokenizer();
+                   mutate(tokenizer);
+                   write(m + "/tokenizer.json", tokenizer.dump());
+                   return "generate --max-new-tokens 1 --prompt '" + prompt + "' --model " + m;
+                 },
+                 expected});
+  };
+  tokenizer_case("added id 2^31 (was a segfault)", [](json& t) { t["added_tokens"][2]["id"] = 2147483648LL; },
+                 {"tokenizer.json", "added_tokens[2]", "2147483648"});
+  tokenizer_case("added id 10^12 (was a segfault)", [](json& t) { t["added_tokens"][2]["id"] = 1000000000000LL; },
+                 {"tokenizer.json", "added_tokens[2]", "1000000000000"});
+  tokenizer_case("added id 2^32 + 5 (was read as 5)", [](json& t) { t["added_tokens"][2]["id"] = 4294967301LL; },
+                 {"tokenizer.json", "added_tokens[2]", "4294967301"});
+  tokenizer_case("added id 1.5", [](json& t) { t["added_tokens"][2]["id"] = 1.5; },
+                 {"tokenizer.json", "added_tokens[2]", "1.5"});
+  tokenizer_case("Split regex (a+)+$|(\\s*)*x on 40 a and ! (was unbounded)",
+                 [](json& t) { t["pre_tokenizer"] = split_pre_tokenizer("(a+)+$|(\\s*)*x"); },
+                 {"tokenizer.json", "Split", "limit"}, std::string(40, 'a') + "!");
+  tokenizer_case("empty Split regex (was accepted)", [](json& t) { t["pre_tokenizer"] = split_pre_tokenizer(""); },
+                 {"tokenizer.json", "Split", "empty"});
+  tokenizer_case("one added content under two ids (was accepted)",
+                 [](json& t) {
+                   json twin = t["added_tokens"][2];
+                   twin["id"] = 401;
+                   t["added_tokens"].push_back(twin);
+                 },
+                 {"tokenizer.json", "added_tokens[3]", "400"});
+  tokenizer_case("one added id with two contents (was accepted)",
+                 [](json& t) {
+                   json other = t["added_tokens"][2];
+                   other["content"] = "<|other|>";
+                   t["added_tokens"].push_back(other);
+                 },
+                 {"tokenizer.json", "added_tokens[3]", "<|other|>", "added_tokens[2]"});
+  tokenizer_case("empty added content (was accepted)", [](json& t) { t["added_tokens"][2]["content"] = ""; },
+                 {"tokenizer.json", "added_tokens[2]", "empty"});
+  tokenizer_case("added token on another token's vocabulary id (was accepted)",
+                 [](json& t) { t["added_tokens"][2]["id"] = 300; },
+                 {"tokenizer.json", "added_tokens[2]", "id 300", "vocabulary token"});
+  tokenizer_case("two vocabulary tokens with one id (was accepted)",
+                 [](json& t) { t["model"]["vocab"]["!"] = t["model"]["vocab"]["\""]; },
+                 {"tokenizer.json", "model.vocab", "both have id 3"});
+  tokenizer_case("a vocabulary id past the tokens (was a 2^31-entry table)",
+                 [](json& t) { t["model"]["vocab"]["!"] = 2147483000; },
+                 {"tokenizer.json", "model.vocab", "2147483000", "[0, 401)"});
+
+  // pytorch_model.bin: the pickle reader's work and nesting bounded, clear messages.
+  c.push_back({"pytorch_model.bin", "200k nested lists (was minutes, superlinear)",
+               [](const std::string& d) {
+                 const std::string m = bin_model(d, "models/tiny-random-opt-bin-legacy");
+                 write(m + "/pytorch_model.bin", kvevict::test::pickle_bytes::legacy_header() + "\x80\x02" +
+                                                     std::string(200000, ']') + std::string(199999, 'a') + ".");
+                 return load_command(d, m);
+               },
+               {"pytorch_model.bin", "1000 levels"}});
+  c.push_back({"pytorch_model.bin", "shape [2^62, 2^62] (was 'reaches element 0')",
+               [](const std::string& d) {
+                 using namespace kvevict::test::pickle_bytes;
+                 const std::string m = bin_model(d);
+                 const int64_t big = int64_t{1} << 62;
+                 Bytes pickle = "\x80\x02" + kOrderedDict + "(" + str("w") + "ctorch._utils\n_rebuild_tensor_v2\n(";
+                 pickle += "(" + str("storage") + "ctorch\nFloatStorage\n" + str("0") + str("cpu") + integer(2) + "tQ";
+                 pickle += integer(0) + "(" + long8(big) + long8(big) + "t(" + long8(big) + integer(1) + "t\x89" +
+                           kOrderedDict + "tRu.";
+                 write(m + "/pytorch_model.bin",
+                       write_zip({{"archive/data.pkl", pickle}, {"archive/data/0", floats({1, 2})}}, false));
+                 return load_command(d, m);
+               },
+               {"pytorch_model.bin", "tensor w", "overflows"}});
+  c.push_back({"pytorch_model.bin", "legacy file with a damaged magic number (was 'memo entry ... never stored')",
+               [](const std::string& d) {
+                 const std::string m = bin_model(d, "models/tiny-random-opt-bin-legacy");
+                 patch(m + "/pytorch_model.bin", 3, "\x06");  // LONG1's length: the magic's bytes become opcodes
+                 return load_command(d, m);
+               },
+               {"pytorch_model.bin", "magic number"}});
+  c.push_back({"pytorch_model.bin", "pytorch_model.bin is a folder (was 'mmap failed: No such device')",
+               [](const std::string& d) {
+                 const std::string m = bin_model(d);
+                 fs::remove(m + "/pytorch_model.bin");
+                 fs::create_directories(m + "/pytorch_model.bin");
+                 return load_command(d, m);
+               },
+               {"pytorch_model.bin", "folder"}});
+
+  // The zip container: structure always, data.pkl's CRC always, tensor CRCs by check-model.
+  // tiny-random-opt-bin ends with a ZIP64 end record and the 22-byte end record (38 entries).
+  auto zip_case = [&](const std::string& name, std::function<void(const std::string&)> damage,
+                      std::vector<std::string> expected, bool check_model = false) {
+    c.push_back({"zip", name,
+                 [=](const std::string& d) {
+                   const std::string m = bin_model(d);
+                   damage(m + "/pytorch_model.bin");
+                   return check_model ? "check-model " + m : load_command(d, m);
+                 },
+                 expected});
+  };
+  auto end_record = [](const std::string& file) { return fs::file_size(file) - 22; };
+  zip_case("end record entry count 0xFFFF beside a ZIP64 count of 38 (was ignored)",
+           [=](const std::string& f) { patch(f, end_record(f) + 8, le16(0xFFFF) + le16(0xFFFF)); },
+           {"pytorch_model.bin", "entry count"});
+  zip_case("end record entry count 37 of 38 (was ignored)",
+           [=](const std::string& f) { patch(f, end_record(f) + 8, le16(37) + le16(37)); },
+           {"pytorch_model.bin", "entry count 37"});
+  zip_case("central directory offset past the end of the file (was ignored)",
+           [=](const std::string& f) { patch(f, end_record(f) + 16, le32(0x7FFFFFF0)); },
+           {"pytorch_model.bin", "central directory offset"});
+  zip_case("a flipped byte in data.pkl (was loaded)",
+           [](const std::string& f) {
+             const std::string bytes = kvevict::test::read_text(f);
+             patch(f, bytes.find("cpuq") + 2, "v");  // a storage's location "cpu" -> "cpv": still a valid pickle
+           },
+           {"pytorch_model.bin", "data.pkl", "CRC-32"});
+  zip_case("check-model: a flipped byte in a tensor record (was loaded)",
+           [](const std::string& f) {
+             // The record's local header: 30 bytes, its name, its extra field (padding), then the data.
+             const std::string bytes = kvevict::test::read_text(f);
+             const size_t name = bytes.find("pytorch_model/data/15"), header = name - 30;
+             const size_t data = name + 21 + static_cast<unsigned char>(bytes[header + 28]) +
+                                 256 * static_cast<unsigned char>(bytes[header + 29]);
+             patch(f, data + 100, std::string(1, static_cast<char>(bytes[data + 100] ^ 0x10)));
+           },
+           {"pytorch_model.bin", "CRC-32", "pytorch_model/data/15"}, true);
+  c.push_back({"zip", "check-model: a tensor shape config.json does not imply",
+               [](const std::string& d) {
+                 const std::string m = bin_model(d);
+                 json config = kvevict::test::read_json(m + "/config.json");
+                 config["ffn_dim"] = config["ffn_dim"].get<int>() * 2;
+                 write(m + "/config.json", config.dump());
+                 return "check-model " + m;
+               },
+               {"pytorch_model.bin", "fc1.weight", "config.json implies"}});
+
+  // Every JSON file: a key given twice is refused (the JSON library kept the last).
+  c.push_back({"duplicate JSON keys", "sweep config with budgets twice (was the last)",
+               [](const std::string& d) {
+                 write(d + "/sweep.json",
+                       R"({"tasks": ["copa"], "policies": ["full", "h2o"], "budgets": [0.5], "budgets": [0.2], "limit": 2})");
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"sweep.json", "\"budgets\"", "twice"}});
+  c.push_back({"duplicate JSON keys", "a weight_map entry twice (was the last)",
+               [](const std::string& d) {
+                 const std::string m = d + "/m", base = kvevict::test::data("models/tiny-random-llama-gqa-sharded");
+                 fs::create_directories(m);
+                 for (const char* f : {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
+                   fs::create_symlink(base + "/" + f, m + "/" + f);
+                 std::string index = kvevict::test::read_text(base + "/model.safetensors.index.json");
+                 const std::string entry = "\"lm_head.weight\": \"model-00002-of-00002.safetensors\",";
+                 index.replace(index.find(entry), entry.size(), entry + entry);
+                 write(m + "/model.safetensors.index.json", index);
+                 write(d + "/tokens.txt", "2 5 7");
+                 return "perplexity --model " + m + " --tokens-file " + d + "/tokens.txt";
+               },
+               {"model.safetensors.index.json", "\"lm_head.weight\"", "weight_map"}});
+  c.push_back({"duplicate JSON keys", "config.json with hidden_size twice (was the last)",
+               [](const std::string& d) {
+                 const std::string m = model_dir(d, "m", json::object());
+                 std::string config = kvevict::test::read_text(m + "/config.json");
+                 config.replace(config.find('{'), 1, "{\"hidden_size\": 64,");
+                 fs::remove(m + "/config.json");
+                 write(m + "/config.json", config);
+                 return "generate --max-new-tokens 1 --model " + m;
+               },
+               {"config.json", "\"hidden_size\"", "twice"}});
+  tokenizer_case("a vocabulary entry twice (was the last)", [](json&) {}, {"tokenizer.json", "\"!\"", "model.vocab"});
+  c.back().setup = [](const std::string& d) {
+    const std::string m = model_dir(d, "m", json::object(), "models/tiny-random-llama3");
+    std::string text = small_tokenizer().dump();
+    text.replace(text.find("\"vocab\":{") + 9, 0, "\"!\":2,");
+    write(m + "/tokenizer.json", text);
+    return "generate --max-new-tokens 1 --prompt 'the cat' --model " + m;
+  };
+  c.push_back({"duplicate JSON keys", "a task JSONL line with label twice (was the last)",
+               [](const std::string& d) {
+                 std::string line = kvevict::test::read_text(kvevict::test::data("copa/val.jsonl"));
+                 line = line.substr(0, line.find('\n'));
+                 line.replace(0, 1, "{\"label\": 0, ");
+                 write(d + "/data/copa/val.jsonl", line + "\n");
+                 return "--data-dir " + d + "/data eval --task copa --model " + kvevict::test::data("models/stories260K-hf");
+               },
+               {"val.jsonl:1", "\"label\"", "twice"}});
+
+  // JSON errors in data files: one line naming the file (and line), no library text.
+  c.push_back({"data files", "task JSONL: a malformed line (was the JSON library's text)",
+               [](const std::string& d) {
+                 write(d + "/data/copa/val.jsonl", "{\"premise\": \"broken\n");
+                 return "--data-dir " + d + "/data eval --task copa --model " + kvevict::test::data("models/stories260K-hf");
+               },
+               {"val.jsonl:1", "malformed JSON"}});
+  c.push_back({"data files", "mathqa test.json malformed (was the JSON library's text)",
+               [](const std::string& d) {
+                 write(d + "/data/mathqa/test.json", "[{\"Problem\": ");
+                 return "--data-dir " + d + "/data eval --task mathqa --model " + kvevict::test::data("models/stories260K-hf");
+               },
+               {"test.json", "malformed JSON"}});
+  c.push_back({"data files", "mathqa train.json malformed, 1-shot (was the JSON library's text)",
+               [](const std::string& d) {
+                 fs::create_directories(d + "/data/mathqa");
+                 fs::create_symlink(kvevict::test::data("mathqa/test.json"), d + "/data/mathqa/test.json");
+                 write(d + "/data/mathqa/train.json", "[{\"Problem\": 1,]");
+                 return "--data-dir " + d + "/data eval --task mathqa --shots 1 --limit 1 --model " +
+                        kvevict::test::data("models/stories260K-hf");
+               },
+               {"train.json", "malformed JSON"}});
+  auto cnndm_case = [&](const std::string& name, const json& patch_line, std::vector<std::string> expected) {
+    c.push_back({"data files", name,
+                 [=](const std::string& d) {
+                   write(d + "/data/cnndm/cnndm_0shot.jsonl", cnndm_request(patch_line));
+                   return "--data-dir " + d + "/data eval --task cnndm --pipeline h2o --limit 1 --model " +
+                          kvevict::test::data("models/stories260K-hf");
+                 },
+                 expected});
+  };
+  cnndm_case("CNN/DM max_tokens 10^12 (was every prediction empty)", {{"max_tokens", 1000000000000LL}},
+             {"cnndm_0shot.jsonl:1", "max_tokens", "1000000000000"});
+  cnndm_case("CNN/DM stop [\"\"] (was every prediction empty)", {{"stop", {""}}}, {"cnndm_0shot.jsonl:1", "stop"});
+
+  // config.json keys blamed for an odd head width.
+  config_case("qwen3 head_dim 7 (blamed partial_rotary_factor)", {{"head_dim", 7}}, "head_dim 7 is odd",
+              "models/tiny-random-qwen3");
+  config_case("llama 3 heads on hidden 64 (blamed partial_rotary_factor)",
+              {{"num_attention_heads", 3}, {"num_key_value_heads", 3}}, "hidden_size 64 / num_attention_heads 3");
   return c;
 }
 
