@@ -2,6 +2,7 @@
 // index JSON (first byte 1).
 #include "fuzz/fuzz_support.h"
 #include "harness/common/errors.h"
+#include "harness/common/files.h"
 #include "harness/model/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -10,8 +11,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (data[0] == 0) {
       kvevict::parse_safetensors_header(data + 1, size - 1, "model.safetensors");
     } else {
-      auto index = nlohmann::json::parse(data + 1, data + size, nullptr, /*allow_exceptions=*/false);
-      if (!index.is_discarded()) kvevict::parse_shard_index(index, "model.safetensors.index.json");
+      const auto index = kvevict::parse_json(std::string_view(reinterpret_cast<const char*>(data + 1), size - 1),
+                                             "model.safetensors.index.json");
+      kvevict::parse_shard_index(index, "model.safetensors.index.json");
     }
   } catch (const kvevict::Error&) {
   }

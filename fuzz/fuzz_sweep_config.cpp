@@ -4,6 +4,7 @@
 
 #include "fuzz/fuzz_support.h"
 #include "harness/common/errors.h"
+#include "harness/common/files.h"
 #include "harness/config/sweep_grid.h"
 
 namespace {
@@ -21,8 +22,12 @@ double grid_bound(const nlohmann::json& config) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto config = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded()) return 0;
+  nlohmann::json config;
+  try {  // as `kvevict sweep` reads it: parse_json, which refuses a key given twice
+    config = kvevict::parse_json(std::string_view(reinterpret_cast<const char*>(data), size), "sweep.json");
+  } catch (const kvevict::Error&) {
+    return 0;
+  }
   if (config.is_object() && grid_bound(config) > kMaxCells) return 0;
   try {
     const kvevict::SweepPlan plan = kvevict::expand_sweep(config, "sweep.json", "/nonexistent-data");
