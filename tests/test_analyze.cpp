@@ -6,6 +6,7 @@
 #include "harness/analysis/analyze.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
+#include "harness/runtime/attention.h"
 #include "tests/test_support.h"
 #undef CHECK
 #undef CHECK_EQ
@@ -36,6 +37,58 @@ TEST_CASE("analyze reproduces the golden attention statistics", "[analyze][golde
       CHECK(std::abs(got.r2() - want["powerlaw_r2"].get<double>()) < 1e-3);
       CHECK(std::abs(got.top20() - want["top20_mass"].get<double>()) < 1e-3);
     }
+  }
+}
+
+TEST_CASE("analyze counts only the keys a sliding window lets a query see", "[analyze][window]") {
+  // tiny-random-mistral: window 8, 40 tokens, so most queries see 8 of their keys.
+  auto model = Model::load(test::data("models/tiny-random-mistral"));
+  const auto tokens = test::read_json(test::data("golden/tiny_models/tiny-random-mistral.json"))["tokens"].get<std::vector<int>>();
+  const int64_t window = model->arch().sliding_window;
+  REQUIRE(window == 8);
+  REQUIRE(tokens.size() > 3 * static_cast<size_t>(window));
+  // The reference: the model's own attention probabilities, and the statistics over the
+  // visible keys computed here, by brute force.
+  const int hq = static_cast<int>(model->arch().n_heads), T = static_cast<int>(tokens.size());
+  std::vector<std::vector<std::vector<double>>> probs(model->arch().n_layers);  // [layer][h * T + i][j]
+  FullAttention observed(
+      [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor&, const torch::Tensor&,
+          const torch::Tensor& p) {
+        auto host = p.to(torch::kFloat64).contiguous();
+        probs[layer].resize(static_cast<size_t>(hq) * T);
+        for (int h = 0; h < hq; ++h)
+          for (int64_t r = 0; r < rows; ++r) {
+            const double* row = host.data_ptr<double>() + (h * rows + r) * n;
+            probs[layer][h * T + first + r].assign(row, row + n);
+          }
+      },
+      5);
+  model->forward(tokens, 0, observed);
+  AnalyzeOptions options;
+  options.recall_policies = {"h2o"};
+  options.recall_budgets = {0.5};
+  const AttentionAnalysis analysis = analyze_attention(*model, {tokens}, options);
+  for (size_t l = 0; l < analysis.layers.size(); ++l) {
+    double sparse = 0, entries = 0, hidden_mass = 0;
+    for (int h = 0; h < hq; ++h)
+      for (int i = 0; i < T; ++i) {
+        const auto& row = probs[l][h * T + i];
+        const int lo = std::max<int>(0, i - static_cast<int>(window) + 1);
+        double top = 0;
+        for (int j = lo; j <= i; ++j) top = std::max(top, row[j]);
+        for (int j = lo; j <= i; ++j) sparse += row[j] < 0.01 * top;
+        for (int j = 0; j < lo; ++j) hidden_mass += row[j];
+        entries += i - lo + 1;
+      }
+    INFO("layer " << l);
+    CHECK(hidden_mass == 0);  // the model itself never attends past the window
+    double got_entries = 0;
+    for (const auto& head : analysis.layers[l].heads) got_entries += head.entries;
+    CHECK(got_entries == entries);  // 292 per head, not the 820 of the causal triangle
+    CHECK(analysis.layers[l].sparsity() == Approx(sparse / entries).margin(1e-12));
+    // h2o at 50% keeps 20 slots, but a query sees at most the window.
+    CHECK(analysis.layers[l].recall.at("h2o").at(0.5).attended() <= window - 1);
+    CHECK(analysis.layers[l].recall.at("h2o").at(0.5).recall() == Approx(1.0).margin(1e-6));
   }
 }
 

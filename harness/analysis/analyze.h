@@ -6,10 +6,11 @@
 //   - persistence of heavy hitters: overlap of the top-k keys by accumulated attention
 //     at step t and at step t + delta;
 //   - attention recall: the share of full attention each policy's kept set holds, with
-//     the policy's LayerState run alongside full attention in every layer.
-// The model runs with full attention through ObservedAttention, which computes each
-// layer in blocks of query rows and hands every block's probabilities to the analysis
-// before dropping them: memory is O(heads x block x T), never [layers, heads, T, T].
+//     the policy run through the policy driver alongside full attention in every layer.
+// The model runs with full attention (FullAttention with an observer), which computes
+// each layer in blocks of query rows and hands every block to the analysis before
+// dropping it: memory is O(heads x block x T), never [layers, heads, T, T]. Under a
+// sliding window only the keys a query sees count.
 #pragma once
 #include <map>
 #include <nlohmann/json.hpp>

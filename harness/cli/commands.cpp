@@ -13,13 +13,12 @@
 #include "harness/common/files.h"
 #include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
-#include "policies/option_checks.h"
 
 namespace kvevict {
 int run_generate(const GenerateArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
   auto policy = args.policy.make();
-  check_budget_keeps_a_token(*policy, model->arch().max_positions, "--budget");
+  policy->check_keeps_a_token(model->arch().max_positions);
   std::vector<int> prompt = model->encode(args.prompt, true);
   if (prompt.empty()) throw Error("the prompt is empty and the model has no BOS token to start from");
   GenerateOptions options;
@@ -51,7 +50,7 @@ int run_generate(const GenerateArgs& args) {
 int run_perplexity(const PerplexityArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
   auto policy = args.policy.make();
-  check_budget_keeps_a_token(*policy, model->arch().max_positions, "--budget");
+  policy->check_keeps_a_token(model->arch().max_positions);
   std::vector<int> tokens;
   if (!args.tokens_file.empty()) {
     tokens = read_tokens_file(args.tokens_file);

@@ -8,7 +8,6 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/config/policy_options_json.h"
-#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -166,14 +165,19 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                   " must be a positive number of documents (or -1 for all)");
     return limit;
   };
-  for (double b : budgets) {
-    if (!(b > 0 && b <= 1)) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
-    check_budget_ratio_keeps_a_token(b, path + ": key \"budgets\":");
-  }
-  for (int t : budget_tokens)
-    if (t <= 0) throw Error(path + ": budget_tokens " + std::to_string(t) + " must be positive");
+  // The budget rules of policies/budget.h, naming this file's keys.
+  auto check_budget = [&](BudgetSpec spec) {
+    spec.keys = &kSweepBudgetKeys;
+    try {
+      check_budget_spec(spec);
+    } catch (const Error& e) {
+      throw Error(path + ": " + e.what());
+    }
+  };
+  for (double b : budgets) check_budget(BudgetSpec{b});
+  for (int t : budget_tokens) check_budget(BudgetSpec{-1, t});
   for (double s : shares)
-    if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
+    if (s != -1.0) check_budget(BudgetSpec{-1, -1, s});
 
   PolicyOptions base_options;
   if (config.contains("policy_options")) base_options.params = read_policy_options(config["policy_options"], path);
@@ -226,6 +230,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.policy = policy;
                 e.policy_options = base_options;
                 set_run_seed(e.policy_options.params, made->parameters(), seed);
+                e.policy_options.budget.keys = &kSweepBudgetKeys;
                 e.policy_options.budget.ratio = b.ratio;
                 e.policy_options.budget.tokens = b.tokens;
                 e.policy_options.budget.heavy_share = share;

@@ -23,7 +23,6 @@
 #include "harness/eval/result_rows.h"
 #include "harness/common/folder_lock.h"
 #include "harness/common/kill_points.h"
-#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -141,8 +140,11 @@ void refuse_budgets_that_keep_nothing(const SweepPlan& plan, int shard_index, in
       }
     }
     if (!model) continue;
-    check_budget_keeps_a_token(*make_policy(cell.eval.policy, cell.eval.policy_options), model->arch().max_positions,
-                               config_path + ": key \"budgets\" (model " + cell.model + "):");
+    try {
+      make_policy(cell.eval.policy, cell.eval.policy_options)->check_keeps_a_token(model->arch().max_positions);
+    } catch (const Error& e) {
+      throw Error(config_path + " (model " + cell.model + "): " + e.what());
+    }
   }
 }
 
