@@ -345,6 +345,11 @@ class LongContextTask : public Task {
   std::unique_ptr<LongContextGenerator> generator_for(const Tokenizer& tokenizer, const TaskOptions& options) const {
     if (options.length <= 0)
       throw Error(name_ + " needs a length in tokens (got " + std::to_string(options.length) + ")");
+    if (options.shots != 0)
+      throw Error(name_ + " takes no few-shot examples (got " + std::to_string(options.shots) +
+                  " shots); RULER's tasks carry their own");
+    if (options.pipeline != Pipeline::LmEval)
+      throw Error(name_ + " has no H2O prompt file; it runs on the lm-eval pipeline only");
     if (scoring_ == LongContextScoring::Niah) {
       if (!options.depth) throw Error(name_ + " needs a needle depth in [0, 1]");
       if (!(*options.depth >= 0 && *options.depth <= 1))

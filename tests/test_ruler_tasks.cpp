@@ -547,6 +547,12 @@ TEST_CASE("long-context options are checked with clear errors", "[ruler]") {
   CHECK_THROWS_WITH(make_long_context_generator("niah", niah, tokenizer), Catch::Contains("is not in [0, 1]"));
   CHECK_THROWS_WITH(make_long_context_generator("ruler_fwe", options_for("ruler_fwe", 200), tokenizer),
                     Catch::Contains("gives a vocabulary of 3 coded words"));
+  TaskOptions shots = options_for("ruler_cwe", 2000);
+  shots.shots = 2;
+  CHECK_THROWS_WITH(make_long_context_generator("ruler_cwe", shots, tokenizer), Catch::Contains("takes no few-shot examples"));
+  TaskOptions h2o = options_for("niah", 2000);
+  h2o.pipeline = Pipeline::H2O;
+  CHECK_THROWS_WITH(make_long_context_generator("niah", h2o, tokenizer), Catch::Contains("lm-eval pipeline only"));
   CHECK_THROWS_WITH(make_task("ruler_cwe")->generation_docs(options_for("ruler_cwe", 2000)),
                     Catch::Contains("needs the model's tokenizer"));
   CHECK_THROWS_WITH(make_long_context_generator("xsum", options_for("xsum", 2000), tokenizer),
