@@ -9,7 +9,7 @@
 // mean of squares, is still ATen's own, whose summation order depends on the CPU.
 // tests/test_fused_elementwise.cpp compares the two bit for bit.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 namespace kvevict {
 

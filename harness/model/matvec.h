@@ -4,7 +4,7 @@
 // kernel reaches it: each weight row is one sequential stream, widened to float32 and
 // accumulated in float32, and threads split the output rows.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 namespace kvevict {
 

@@ -1,5 +1,7 @@
 #include "harness/model/model.h"
 
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>

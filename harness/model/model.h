@@ -2,7 +2,7 @@
 // One decoder loop serves every architecture (see architecture.h); attention is
 // delegated to an AttentionBackend, the single place where eviction happens.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <array>
 #include <memory>

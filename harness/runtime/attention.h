@@ -7,7 +7,7 @@
 //   CacheAttention  a real KV cache; a realisable policy's rows go through the policy
 //                   driver over the cache rows, and evicted K/V are physically removed.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <functional>
 #include <memory>

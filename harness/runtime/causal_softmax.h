@@ -17,7 +17,7 @@
 #pragma once
 #include <cstdint>
 
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 namespace kvevict {
 

@@ -2,7 +2,7 @@
 // throughput on a model's own weight shapes, memory-read bandwidth, and peak RSS. A
 // phase is then reported as a fraction of its limit (issue 14).
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <algorithm>
 #include <chrono>
