@@ -18,6 +18,7 @@
 namespace kvevict {
 int run_generate(const GenerateArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
+  use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
   check_budget_keeps_a_token(*policy, model->arch().max_positions, "--budget");
   std::vector<int> prompt = model->encode(args.prompt, true);
@@ -50,6 +51,7 @@ int run_generate(const GenerateArgs& args) {
 
 int run_perplexity(const PerplexityArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
+  use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
   check_budget_keeps_a_token(*policy, model->arch().max_positions, "--budget");
   std::vector<int> tokens;
