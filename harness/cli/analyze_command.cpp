@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "harness/analysis/analyze.h"
+#include "harness/cli/cli_checks.h"
 #include "harness/cli/command.h"
 #include "harness/cli/commands.h"
 #include "harness/common/atomic_file.h"
@@ -56,7 +57,9 @@ void add_analyze_flags(CLI::App& cmd, AnalyzeArgs& a) {
       ->capture_default_str();
   cmd.add_option("--heavy-k-ratio", o.persistence_k_ratio, "heavy-hitter set size as a share of the sequence")
       ->capture_default_str();
-  cmd.add_option("--block-rows", o.block_rows, "query rows per attention block (memory)")->capture_default_str();
+  cmd.add_option("--block-rows", o.block_rows, "query rows per attention block (memory)")
+      ->check(cli::at_least(1))
+      ->capture_default_str();
   add_policy_param_flags(cmd, o.policy_options.params);  // for the recall policies
   cmd.add_option("--out", a.out, "write analysis.json, analysis.csv and plots/*.svg here");
   cmd.add_option("--config", a.config,

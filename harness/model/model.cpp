@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kMatvecMinWeightBytes = int64_t{1} << 20;
 
 // x [t, in] through weight [out, in] (+ bias). One row on the CPU is a matrix-vector
-// product: sgemm would pack the whole weight matrix for that single row.
+// product: sgemm would pack the whole weight matrix for that single row (issue 14).
 // Large float32 and bfloat16 weights use matvec(); otherwise float32/float64 use
 // torch::mv, bfloat16/float16 torch::linear (oneDNN).
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
