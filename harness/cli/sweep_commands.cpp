@@ -48,7 +48,8 @@ void add_sweep_flags(CLI::App& app, SweepArgs& args) {
   app.add_option("--shards", r.shards, "--slurm: array tasks (default: the folder's split, else the config's slurm.shards, else min(cells, 10))");
   app.add_option("--max-parallel", r.max_parallel, "--slurm: at most K array tasks at once (--array=...%K)");
   for (const auto& o : sbatch_options())
-    app.add_option(std::string("--") + o.option, r.sbatch[o.key], std::string("--slurm: ") + o.help);
+    app.add_option(std::string("--") + o.option, r.sbatch[o.key], std::string("--slurm: ") + o.help)
+        ->type_name(o.count ? "INT" : "TEXT");
   app.add_flag("--dry-run", r.dry_run, "--slurm: write DIR/slurm/*.sbatch and print the sbatch commands, submit nothing");
   app.add_option("--sbatch", r.sbatch_program, "--slurm: the sbatch program (default: sbatch on PATH)");
   app.add_flag("--resubmit-failed", r.resubmit_failed, "--slurm: resubmit only the shards `kvevict status` reports failed");
