@@ -29,7 +29,11 @@ std::string read_text(const std::string& path) {
 }
 
 const Model& stories() {
-  static auto model = Model::load(data("models/stories260K-hf"));
+  static auto model = [] {
+    auto loaded = Model::load(data("models/stories260K-hf"));
+    use_threads_for(*loaded, 0);  // as the CLI does: a tiny model runs each op on one thread
+    return loaded;
+  }();
   return *model;
 }
 

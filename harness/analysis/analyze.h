@@ -76,19 +76,4 @@ struct AttentionAnalysis {
 AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
                                     const AnalyzeOptions& options);
 
-// `kvevict analyze`: one text, tokens file or task, or with `config` every entry of a
-// config's "analyze" list.
-struct AnalyzeArgs {
-  std::string model, text_file, tokens_file, task, out, recall_policies, format = "json", config;
-  int max_tokens = 512, limit = 20, shots = 0, max_length = 1024, fewshot_seed = 42;
-  bool bos = false;
-  std::vector<double> recall_budgets = {0.1, 0.2, 0.3, 0.5};
-  std::vector<int> deltas = {1, 4, 16, 64};
-  double heavy_k_ratio = 0.1;
-  int block_rows = 256;
-  PolicyOptions policy_options;
-  ModelOptions runtime;
-};
-int run_analyze(const AnalyzeArgs& args, const std::string& data_override);
-
 }  // namespace kvevict

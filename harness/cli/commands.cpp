@@ -17,6 +17,7 @@
 namespace kvevict {
 int run_generate(const GenerateArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
+  use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
   policy->check_keeps_a_token(model->arch().max_positions);
   std::vector<int> prompt = model->encode(args.prompt, true);
@@ -49,6 +50,7 @@ int run_generate(const GenerateArgs& args) {
 
 int run_perplexity(const PerplexityArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
+  use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
   policy->check_keeps_a_token(model->arch().max_positions);
   std::vector<int> tokens;

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <set>
 
-#include "harness/common/enum_names.h"
+#include "harness/common/dtype_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/common/text.h"
@@ -18,11 +18,6 @@
 
 namespace kvevict {
 namespace {
-
-const EnumName<torch::ScalarType> kDtypeNames[] = {
-    {torch::kFloat32, "float32"},  {torch::kFloat32, "fp32"},  {torch::kBFloat16, "bfloat16"},
-    {torch::kBFloat16, "bf16"},    {torch::kFloat16, "float16"}, {torch::kFloat16, "fp16"},
-    {torch::kFloat64, "float64"},  {torch::kFloat64, "fp64"}};  // float64: reference checks
 
 // Weights from this size up stream from memory in a decode step; matvec() reads them at
 // the bandwidth. Smaller ones (every test model) keep the library paths and their
@@ -49,7 +44,15 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const
 
 }  // namespace
 
-torch::ScalarType parse_dtype(const std::string& name) { return parse_enum(kDtypeNames, "dtype", name); }
+torch::ScalarType parse_dtype(const std::string& name) {
+  switch (parse_dtype_name(name)) {
+    case DtypeName::Float32: return torch::kFloat32;
+    case DtypeName::BFloat16: return torch::kBFloat16;
+    case DtypeName::Float16: return torch::kFloat16;
+    case DtypeName::Float64: return torch::kFloat64;
+  }
+  throw Error("unknown dtype \"" + name + "\"");
+}
 
 torch::Device parse_device(const std::string& name) {
   if (name == "cpu") return torch::kCPU;
@@ -61,6 +64,16 @@ torch::Device parse_device(const std::string& name) {
   throw Error("unknown device \"" + name + "\" (use cpu or cuda)");
 }
 
+bool Model::runs_ops_on_one_thread() const { return arch_.hidden < 256; }
+
+void use_threads_for(const Model& model, int threads) {
+  if (threads > 0) set_thread_count(threads);
+  if (model.runs_ops_on_one_thread())
+    use_one_thread_for_tiny_model();
+  else
+    restore_threads_after_tiny_model();  // what a tiny model loaded before set aside, unless --threads chose
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& options) {
   namespace fs = std::filesystem;
   auto started = std::chrono::steady_clock::now();
@@ -68,7 +81,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   model->dir_ = dir;
   model->device_ = parse_device(options.device);
   model->dtype_ = parse_dtype(options.dtype);
-  if (options.threads > 0) set_thread_count(options.threads);  // else the process default (main: all cores)
 
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
@@ -81,13 +93,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   const ArchSpec& arch = model->arch_;
   // A tiny model's ops are too small to split: an OpenMP team costs more than it saves
   // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine). Its
-  // threads run whole requests instead, each op on one thread, so no number changes.
-  if (arch.hidden < 256) {
+  // threads run whole requests instead, each op on one thread (use_threads_for), so no
+  // number changes.
+  if (model->runs_ops_on_one_thread())
     model->request_workers_ = options.threads > 0 ? options.threads : physical_core_count();
-    use_one_thread_for_tiny_model();
-  } else {
-    restore_threads_after_tiny_model();  // what a tiny model loaded before set aside, unless --threads chose
-  }
 
   model->layers_.resize(arch.n_layers);
   std::set<std::string> expected;

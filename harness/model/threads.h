@@ -12,7 +12,7 @@ int physical_core_count();
 // OpenBLAS, and one inter-op thread (nothing here runs ops concurrently). Returns it.
 int set_thread_count(int threads);
 
-// A tiny model runs every op on one thread (Model::load), a process-wide setting. The
+// A tiny model runs every op on one thread (use_threads_for in model.h), a process-wide setting. The
 // first keeps the count it replaces; the second gives it back (a bigger model loaded next
 // without --threads, as in a sweep over several models). A set_thread_count() call in
 // between is a choice of its own and wins: nothing is given back after it.
