@@ -57,7 +57,7 @@ TEST_CASE("matvec equals the float64 product of the same values", "[matvec]") {
   }
 }
 
-TEST_CASE("matvec gives the same bits on one thread and on two", "[matvec]") {
+TEST_CASE("matvec gives the same bits on one thread and on two", "[matvec][threads]") {
   ThreadCountGuard guard;
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     auto weight = random_weight(dtype);
