@@ -275,6 +275,12 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out, bool
   std::stable_sort(rows.begin(), rows.end(), [&](const ResultRow& a, const ResultRow& b) {
     return order[row_cell_key(a)] < order[row_cell_key(b)];
   });
+  // The record first: a merge killed between the two writes leaves a folder that the same
+  // merge, run again, recognises as its own and completes (results.csv first left one it
+  // refused as "already exists").
+  nlohmann::json record = {{"config", config}, {"shard", {0, 1}}, {"merged_from", dirs}, {"cells", nlohmann::json::array()}};
+  for (const auto& c : plan.cells) record["cells"].push_back(c.key());
+  write_json_file(out_config, record);
   // Written beside and renamed over, so a reader never sees a half-merged file.
   if (!rows.empty()) {
     const std::string temporary = temporary_path_beside(csv);
@@ -282,9 +288,6 @@ int run_merge(const std::vector<std::string>& dirs, const std::string& out, bool
     append_rows_durably(temporary, rows);
     publish_file(temporary, csv);
   }
-  nlohmann::json record = {{"config", config}, {"shard", {0, 1}}, {"merged_from", dirs}, {"cells", nlohmann::json::array()}};
-  for (const auto& c : plan.cells) record["cells"].push_back(c.key());
-  write_json_file((fs::path(out) / "config.json").string(), record);
   std::cerr << "merged " << rows.size() << " rows into " << csv << std::endl;
   return 0;
 }
