@@ -1,5 +1,6 @@
 // analyze: its flags (body in harness/analysis/).
 #include "harness/analysis/analyze.h"
+#include "harness/cli/cli_checks.h"
 #include "harness/cli/command.h"
 #include "harness/cli/commands.h"
 
@@ -30,7 +31,9 @@ void add_analyze_flags(CLI::App& cmd, AnalyzeArgs& a) {
   analyze_cmd->add_option("--deltas", a.deltas, "heavy-hitter persistence: step distances")->delimiter(',')->capture_default_str();
   analyze_cmd->add_option("--heavy-k-ratio", a.heavy_k_ratio, "heavy-hitter set size as a share of the sequence")
       ->capture_default_str();
-  analyze_cmd->add_option("--block-rows", a.block_rows, "query rows per attention block (memory)")->capture_default_str();
+  analyze_cmd->add_option("--block-rows", a.block_rows, "query rows per attention block (memory)")
+      ->check(cli::at_least(1))
+      ->capture_default_str();
   add_policy_param_flags(*analyze_cmd, a.policy_options.params);  // for the recall policies
   analyze_cmd->add_option("--out", a.out, "write analysis.json, analysis.csv and plots/*.svg here");
   analyze_cmd->add_option("--config", a.config,
