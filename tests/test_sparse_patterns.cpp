@@ -10,6 +10,7 @@
 #include "policies/registry.h"
 #include "policies/static_pattern.h"
 #include "tests/policy_drive.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 #undef CHECK
 #undef CHECK_EQ
@@ -186,11 +187,8 @@ TEST_CASE("composed policies: sim == decode and bad combinations", "[policy][spa
       auto policy = make_policy(name, o);
       auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
       auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
-      double worst = 0;
-      for (size_t i = 0; i < sim.next_token_logprob.size(); ++i)
-        worst = std::max(worst, std::abs(sim.next_token_logprob[i] - decode.next_token_logprob[i]));
-      INFO(name << " prefill " << prefill << " max diff " << worst);
-      CHECK(worst < 1e-9);
+      INFO(name << " prefill " << prefill);
+      CHECK(test::max_diff(sim.next_token_logprob, decode.next_token_logprob) < 1e-9);
       CHECK(sim.kv.kept_per_layer == decode.kv.kept_per_layer);
     }
   }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "harness/common/errors.h"
+#include "harness/model/threads.h"
 #include "harness/runtime/causal_softmax.h"
 #include "harness/runtime/double_exp.h"
 
@@ -37,8 +38,10 @@ constexpr int64_t kPerHeadProductMin = int64_t{1} << 16;
 torch::Tensor heads_bmm(const torch::Tensor& a, const torch::Tensor& b) {
   const int64_t heads = a.size(0);
   if (heads < 2 || at::get_num_threads() < 2 || at::in_parallel_region() || !a.device().is_cpu() ||
-      a.size(1) * a.size(2) * b.size(2) < kPerHeadProductMin)
+      a.size(1) * a.size(2) * b.size(2) < kPerHeadProductMin) {
+    BlasOnThisThread one_thread;  // nor may OpenBLAS split a head's product (threads.h)
     return torch::bmm(a, b);
+  }
   auto out = torch::empty({heads, a.size(1), b.size(2)}, a.options());
   at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) {

@@ -181,6 +181,11 @@ MergeOutcome run_merge(const std::vector<std::string>& dirs, const std::string& 
   std::stable_sort(rows.begin(), rows.end(), [&](const ResultRow& a, const ResultRow& b) {
     return order[row_cell_key(a)] < order[row_cell_key(b)];
   });
+  // The record first: a merge killed between the two writes leaves a folder that the same
+  // merge, run again, recognises as its own and completes.
+  nlohmann::json record = {{"config", config}, {"shard", {0, 1}}, {"merged_from", dirs}, {"cells", nlohmann::json::array()}};
+  for (const auto& c : plan.cells) record["cells"].push_back(c.key());
+  write_file_atomically(merged.record(), record.dump(2) + "\n");
   // Written beside and renamed over, so a reader never sees a half-merged file.
   if (!rows.empty()) {
     const std::string temporary = temporary_path_beside(csv);
@@ -188,9 +193,6 @@ MergeOutcome run_merge(const std::vector<std::string>& dirs, const std::string& 
     append_rows_durably(temporary, rows);
     publish_file(temporary, csv);
   }
-  nlohmann::json record = {{"config", config}, {"shard", {0, 1}}, {"merged_from", dirs}, {"cells", nlohmann::json::array()}};
-  for (const auto& c : plan.cells) record["cells"].push_back(c.key());
-  write_file_atomically(merged.record(), record.dump(2) + "\n");
   return {rows.size(), static_cast<int>(shards_seen.size()), shard_count, csv};
 }
 
