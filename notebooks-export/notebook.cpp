@@ -78,6 +78,13 @@ std::string distinct_list(const std::vector<ResultRow>& rows,
   return list.empty() ? "(none)" : list;
 }
 
+// "model, task, policy": column names in prose.
+std::string joined(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
 // A Python list literal of strings, e.g. ["model", "task"].
 std::string python_list(const std::vector<std::string>& items) {
   std::string list;
@@ -145,8 +152,8 @@ std::string notebook_json(const std::vector<ResultRow>& rows) {
   notebook.markdown(
       "## The data\n"
       "\n"
-      "One row per (model, task, policy, budget, heavy share, protocol, shots, seed, "
-      "metric). `budget` is the fraction of the sequence kept in the KV cache (empty when "
+      "One row per (" + joined(result_columns(ColumnRole::setting)) + ", " + joined(result_columns(ColumnRole::metric)) +
+      "). `budget` is the fraction of the sequence kept in the KV cache (empty when "
       "the budget was given in tokens, `budget_tokens`); `heavy_share` is the part of the "
       "budget given to heavy hitters, the rest going to recent tokens. Empty fields mean "
       "*not applicable* and load as NaN.");
@@ -155,9 +162,8 @@ std::string notebook_json(const std::vector<ResultRow>& rows) {
   notebook.markdown(
       "## Helpers\n"
       "\n"
-      "A figure is split into one line per policy, and further by any setting (model, "
-      "protocol, shots, seed, heavy share, ...) that varies inside it; the legend names "
-      "those settings. Repeated points are averaged. Error bars show one standard error.");
+      "A figure is split into one line per policy, and further by any setting (" + joined(budget_split_columns()) +
+      ") that varies inside it; the legend names those settings. Repeated points are averaged. Error bars show one standard error.");
   notebook.code(code.at("helpers"));
   notebook.markdown(
       "## Metric against KV budget\n"

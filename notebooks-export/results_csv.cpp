@@ -299,22 +299,25 @@ void fsync_parent_directory(const std::string& path) {
 const std::vector<ResultColumn>& result_column_table() {
   using R = ResultRow;
   using Role = ColumnRole;
+  using Use = SettingUse;
+  constexpr InLabel label = InLabel::yes;
   static const std::vector<ResultColumn> table = {
-      {"model", &R::model, Role::setting},
-      {"task", &R::task, Role::setting},
-      {"policy", &R::policy, Role::setting},
-      {"budget", &R::budget, Role::setting, nullptr, check_budget},
-      {"budget_tokens", &R::budget_tokens, Role::setting},
-      {"heavy_share", &R::heavy_share, Role::setting},
+      {"model", &R::model, Role::setting, Use::context},
+      {"task", &R::task, Role::setting, Use::figure, label},
+      {"policy", &R::policy, Role::setting, Use::line, label},
+      {"budget", &R::budget, Role::setting, Use::budget, label, nullptr, check_budget},
+      {"budget_tokens", &R::budget_tokens, Role::setting, Use::budget, label},
+      {"heavy_share", &R::heavy_share, Role::setting, Use::heavy_share, label},
+      // Derived from budget x heavy_share: splitting by them would cut a budget sweep into points.
       {"heavy_ratio", &R::heavy_ratio, Role::derived},
       {"recent_ratio", &R::recent_ratio, Role::derived},
-      {"protocol", &R::protocol, Role::setting},
-      {"mode", &R::mode, Role::setting},
-      {"score", &R::score, Role::setting},
-      {"pipeline", &R::pipeline, Role::setting, "lm-eval"},  // files from before the column
-      {"shots", &R::shots, Role::setting},
-      {"seed", &R::seed, Role::setting},
-      {"limit", &R::limit, Role::setting},
+      {"protocol", &R::protocol, Role::setting, Use::context, label},
+      {"mode", &R::mode, Role::setting, Use::context},
+      {"score", &R::score, Role::setting, Use::context},
+      {"pipeline", &R::pipeline, Role::setting, Use::context, label, "lm-eval"},  // files from before the column
+      {"shots", &R::shots, Role::setting, Use::context, label},
+      {"seed", &R::seed, Role::setting, Use::context, label},
+      {"limit", &R::limit, Role::setting, Use::context},
       {"metric", &R::metric, Role::metric},
       {"value", &R::value, Role::measurement},
       {"stderr", &R::stderr_, Role::measurement},
@@ -339,6 +342,20 @@ std::vector<std::string> result_columns(ColumnRole role) {
   std::vector<std::string> names;
   for (const auto& column : result_column_table())
     if (column.role == role) names.push_back(column.name);
+  return names;
+}
+
+std::vector<std::string> result_columns(SettingUse use) {
+  std::vector<std::string> names;
+  for (const auto& column : result_column_table())
+    if (column.role == ColumnRole::setting && column.use == use) names.push_back(column.name);
+  return names;
+}
+
+std::vector<std::string> label_columns() {
+  std::vector<std::string> names;
+  for (const auto& column : result_column_table())
+    if (column.in_label == InLabel::yes) names.push_back(column.name);
   return names;
 }
 

@@ -24,7 +24,7 @@ struct ResultRow {
   std::optional<double> heavy_ratio;
   std::optional<double> recent_ratio;
   std::string protocol;  // "stream" or "prefill-compress"
-  std::string mode;      // "decode" or "simulation"
+  std::string mode;      // "sim" or "decode"
   std::string score;
   std::string pipeline = "lm-eval";  // "lm-eval" or "h2o"; older files without the column read as lm-eval
   std::optional<int> shots;
@@ -58,6 +58,19 @@ enum class ColumnRole {
   provenance,   // which kvevict wrote the row
 };
 
+// How a setting shows in figures, tables and labels (none for every other role).
+enum class SettingUse {
+  none,
+  figure,       // one figure (and one table row) per value: the task
+  line,         // names every line and table column: the policy
+  budget,       // the budget plot's x axis (a ratio or tokens); names the ablation's lines
+  heavy_share,  // the ablation's x axis; splits the budget plot's lines when it varies
+  context,      // splits lines, and joins their legend, when it varies inside a figure
+};
+
+// Whether a cell's one-line label (progress, failures, duplicates) shows the column.
+enum class InLabel { no, yes };
+
 // The ResultRow member a column reads and writes; its type decides how the field is
 // written and parsed (optional: empty when not applicable; std::string: text).
 using ResultField =
@@ -69,19 +82,26 @@ struct ResultColumn {
   const char* name;
   ResultField field;
   ColumnRole role;
+  SettingUse use = SettingUse::none;
+  InLabel in_label = InLabel::no;
   const char* when_empty = nullptr;  // text read for an empty or missing field
   void (*check)(const ResultRow&) = nullptr;  // run after reading and before writing
   bool is_text() const { return std::holds_alternative<std::string ResultRow::*>(field); }
 };
 
 // The one list of results columns, in file order: writing, parsing, the header, sweep
-// keys, tables and the notebook all come from it. A new column is one line there.
+// keys, cell labels, how plots split lines, tables and the notebook all come from it. A
+// new column is one line there.
 const std::vector<ResultColumn>& result_column_table();
 
 // The column names, in file order.
 std::vector<std::string> result_columns();
 // The column names with one role, in file order.
 std::vector<std::string> result_columns(ColumnRole role);
+// The setting columns with one use, in file order.
+std::vector<std::string> result_columns(SettingUse use);
+// The columns a cell's label shows, in file order.
+std::vector<std::string> label_columns();
 // The names of the columns that hold text rather than numbers, in file order.
 std::vector<std::string> text_result_columns();
 // The header line, without the newline.

@@ -20,14 +20,13 @@ namespace {
 
 using Fields = std::map<std::string, std::string>;
 
-// Settings that may vary inside one figure; when one does, it splits the lines and
-// appears in the legend. heavy_ratio / recent_ratio are left out: they follow from
-// budget x heavy_share and would split a budget sweep into single points.
-const std::vector<std::string> kAblationSplitColumns = {"model", "protocol", "mode", "score", "pipeline",
-                                                        "shots", "limit",    "seed"};
+// Settings that split the lines of a figure (and appear in the legend) when they vary
+// inside it: the context columns of the results table, and for the budget plot also the
+// heavy share (the ablation's x axis).
+const std::vector<std::string> kAblationSplitColumns = result_columns(SettingUse::context);
 const std::vector<std::string> kBudgetSplitColumns = [] {
-  auto columns = kAblationSplitColumns;  // the ablation's x axis is the heavy share
-  columns.push_back("heavy_share");
+  auto columns = kAblationSplitColumns;
+  for (const auto& column : result_columns(SettingUse::heavy_share)) columns.push_back(column);
   return columns;
 }();
 

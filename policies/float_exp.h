@@ -1,6 +1,6 @@
 // std::exp on floats, eight at a time, with std::exp's own bits. h2o-paper takes one
 // exponential per key of every row (T^2/2 per head and layer); as calls to libm's expf
-// they were 38% of its policy time in a T=1024 sim forward (perf, issue 14).
+// they were 38% of its policy time in a T=1024 sim forward (perf).
 //
 // The vector loop is glibc's expf (x86-64, FMA build) operation for operation: x to
 // double, k and r from one fused multiply-add each, 2^(k/32) from the same 32-entry

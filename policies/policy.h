@@ -1,10 +1,8 @@
 // The eviction policy interface. A policy decides, per layer and per KV head, which
-// cached tokens stay. The same LayerState drives both execution modes:
-//   decode: a real cache; the harness gathers K/V with the kept slot indices;
-//   sim:    one teacher-forced pass; the harness masks each logits row with the
-//           current slots.
-// Both call append -> observe -> (compress) once per token, in position order, so a
-// realisable policy cannot tell the modes apart.
+// cached tokens stay. A realisable policy does it through one LayerState per KV head,
+// which the policy driver (harness/runtime/policy_driver.h) takes through every query in
+// both execution modes (decode: a real cache; sim: one teacher-forced pass masked by the
+// current slots). A sim-only policy computes a layer's attention from its logits itself.
 //
 // Policy code is plain C++ over contiguous float buffers: no LibTorch here.
 #pragma once
@@ -14,20 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "policies/budget.h"
+#include "policies/head_slots.h"
 #include "policies/params.h"
 
 namespace kvevict {
-
-// How big the cache may be. Exactly one of ratio / tokens / (heavy_ratio, recent_ratio)
-// is normally set; unset fields are negative.
-struct BudgetSpec {
-  double ratio = -1;         // fraction of the sequence length (the paper's convention)
-  int tokens = -1;           // absolute token count
-  double heavy_share = -1;   // share of the budget for heavy hitters (-1: policy default)
-  double heavy_ratio = -1;   // the paper's own parameters, as fractions of the length
-  double recent_ratio = -1;
-  bool is_set() const { return ratio > 0 || tokens > 0 || heavy_ratio >= 0 || recent_ratio >= 0; }
-};
 
 struct PolicyOptions {
   BudgetSpec budget;
@@ -47,50 +36,38 @@ struct SequenceShape {
   int group() const { return n_q_heads / n_kv_heads; }
 };
 
-// A resolved per-layer budget, in tokens.
-struct Budget {
-  bool unlimited = false;
-  int capacity = 0;  // tokens kept after each step (sinks + heavy + recent)
-  int recent = 0;    // the most recent tokens, always kept
-  int sink = 0;      // the first tokens, always kept
-};
-
-// One layer's cache bookkeeping for all its KV heads. Every head holds the same number
-// of slots; slots are in insertion (position) order.
+// One KV head's cache bookkeeping in one layer: the slots it holds, oldest first. Its one
+// caller is the policy driver (harness/runtime/policy_driver.h), which for every query, in
+// position order, calls append, then visible, then observe, then (after the prefill)
+// compress; sim mode, the decode cache and analyze all run through it, so a realisable
+// policy cannot tell them apart.
 class LayerState {
  public:
   virtual ~LayerState() = default;
-  // Token `position` enters every head's cache as the last slot.
-  // key_norms: [n_kv_heads] L2 norms of its keys.
-  virtual void append(int position, const float* key_norms) = 0;
-  // The attention of the newest query over the current slots: [n_q_heads][size()],
-  // query head h belongs to KV head h / group.
+  // Token `position` enters as the last slot; key_norm is the L2 norm of its key.
+  virtual void append(int position, float key_norm) = 0;
+  // Static sparse patterns keep slots cached that the query at `query_position` must not
+  // attend: they fill visible (one 0/1 per slot) and return true. False: the query may
+  // attend every slot (the model's sliding window still applies; the driver adds it).
+  virtual bool visible(int query_position, std::vector<char>* visible) const { return false; }
+  // probs: [group][size()], the attention of this KV head's query heads over its slots.
   virtual void observe(const float* probs) = 0;
-  // Evicts down to the budget. Returns false when nothing was evicted; otherwise fills
-  // keep (if not null) with the kept slot indices per KV head, ascending.
-  virtual bool compress(std::vector<std::vector<int>>* keep) = 0;
-  virtual int size() const = 0;
-  virtual const std::vector<int>& positions(int kv_head) const = 0;
-  // Static sparse patterns keep keys cached that a later query attends again but the
-  // query at `query_position` must not see. They fill visible (one 0/1 per current slot
-  // of kv_head) and return true; false (the default) means every slot is attended. A
-  // query always attends its own key, whether or not it is a slot yet.
-  virtual bool visible_slots(int kv_head, int query_position, std::vector<char>* visible) const {
-    return false;
-  }
-  // True when no head ever reads another head's state: then a KV head can be driven on
-  // its own (sim mode gives each thread its own heads for a whole block of queries,
-  // with no synchronisation per query), by the three calls below. For that head they
-  // do exactly what append, observe and compress do, in the same order; different
-  // heads may run on different threads at once.
-  virtual bool independent_heads() const { return false; }
-  virtual void append_head(int kv_head, int position, float key_norm) {}
-  // probs: [group][slots of kv_head], the attention of the KV head's query heads.
-  virtual void observe_head(int kv_head, const float* probs) {}
-  virtual void compress_head(int kv_head) {}
+  // Evicts down to the budget. False when nothing was evicted; otherwise keep (if not
+  // null) gets the kept slot indices, ascending.
+  virtual bool compress(std::vector<int>* keep) = 0;
+  virtual const std::vector<int>& positions() const = 0;
+  int size() const { return static_cast<int>(positions().size()); }
 };
 
-void check_policy_options(const PolicyOptions& options);  // policies/option_checks.h
+// A layer's states, one per KV head.
+struct LayerStates {
+  std::vector<std::unique_ptr<LayerState>> heads;
+  // The heads share one decision made for the whole layer (TOVA): the driver takes every
+  // head through each call of a query before the next call (all append, all observe, all
+  // compress). Otherwise no head reads another's state, and the driver may run each head
+  // on its own thread through a whole block of queries.
+  bool lockstep = false;
+};
 
 class RealisablePolicy;
 class SimOnlyPolicy;
@@ -100,7 +77,7 @@ class SimOnlyPolicy;
 // (a whole layer's masked attention from its logits); the two subclasses below.
 class Policy {
  public:
-  explicit Policy(PolicyOptions options) : options_(std::move(options)) { check_policy_options(options_); }
+  explicit Policy(PolicyOptions options) : options_(std::move(options)) { check_budget_spec(options_.budget); }
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
   // The parameters this policy reads (params.h); the CLI and sweeps offer their union.
@@ -119,25 +96,30 @@ class Policy {
   virtual double default_heavy_share() const { return 0.5; }
   virtual int sink_tokens() const { return 0; }
 
-  // The budget of one layer for a sequence (PyramidKV overrides it).
+  // The budget of one layer for a sequence (PyramidKV overrides it): split_budget of
+  // policies/budget.h with this policy's sinks and default heavy share.
   virtual Budget layer_budget(int layer, const SequenceShape& shape) const;
-  // Throws kvevict::Error when the budget does not fit the sequence.
+  // Throws kvevict::Error when the budget does not fit the sequence (check_budget_fits).
   virtual void validate(const SequenceShape& shape) const;
-  // The heavy-hitter and recent ratios of the budget, however it was asked for
-  // (--heavy-ratio/--recent-ratio, or --budget B with heavy share S as S*B and (1-S)*B),
-  // each snapped to the decimal it stands for, so 0.5*0.2 is the paper's 0.1.
-  // Negative when the budget was given in tokens.
-  std::pair<double, double> heavy_recent_ratios() const;
+  // Throws when a ratio budget keeps no token even on a request of `max_positions`
+  // tokens (the model's whole context), so it can never keep one.
+  void check_keeps_a_token(int64_t max_positions) const;
+  // The heavy-hitter and recent ratios of the budget (policies/budget.h).
+  std::pair<double, double> heavy_recent_ratios() const {
+    return kvevict::heavy_recent_ratios(options_.budget, default_heavy_share());
+  }
 
   const PolicyOptions& options() const { return options_; }
 
  protected:
   // The total budget in tokens before any split.
-  int total_budget(const SequenceShape& shape) const;
-  // The paper's split for the H2O simulations: heavy = int(h*L) and recent = int(r*L)
-  // separately (L = shape.length), for every way of asking; a token budget splits as
-  // int(share*B) heavy and the rest recent.
-  Budget paper_split_budget(const SequenceShape& shape) const;
+  int total_budget(const SequenceShape& shape) const {
+    return total_budget_tokens(options_.budget, shape.length, name());
+  }
+  // The paper's split for the H2O simulations (policies/budget.h).
+  Budget paper_split_budget(const SequenceShape& shape) const {
+    return kvevict::paper_split_budget(options_.budget, shape.length, default_heavy_share(), name());
+  }
   PolicyOptions options_;
 };
 
@@ -146,8 +128,8 @@ class RealisablePolicy : public Policy {
  public:
   using Policy::Policy;
   const RealisablePolicy* as_realisable() const final { return this; }
-  // The per-layer state driving both modes.
-  virtual std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const = 0;
+  // One layer's states (one per KV head), driving both modes.
+  virtual LayerStates make_layer_states(int layer, const SequenceShape& shape) const = 0;
 };
 
 // A causal sim-only policy's pass over one layer, fed the logits a block of query rows at
@@ -188,20 +170,11 @@ void row_softmax(const float* row, int i, const char* keep, float* out);
 // ---------------------------------------------------------------------------------
 // Most policies are a score function over ScoredPolicy, which owns the slots, the
 // sink and recent windows and the top-k selection (the kvpress "ScorerPress" idea).
-struct HeadSlots {
-  std::vector<int> positions;
-  std::vector<float> values;  // channels() floats per slot, policy-defined
-  int layer = 0;
-  int kv_head = 0;
-  int steps = 0;  // queries observed so far
-};
-
 class ScoredPolicy : public RealisablePolicy {
  public:
   using RealisablePolicy::RealisablePolicy;
   std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce}; }
-  std::unique_ptr<LayerState> make_layer_state(int layer,
-                                               const SequenceShape& shape) const override;
+  LayerStates make_layer_states(int layer, const SequenceShape& shape) const override;
 
   // Floats of state per slot.
   virtual int channels() const { return 1; }

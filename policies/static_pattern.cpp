@@ -18,145 +18,104 @@ int pattern_max_kept(const StaticPattern& pattern, int length) {
 
 namespace {
 
-// One layer of a static pattern, optionally with heavy hitters chosen by a scored
-// policy (scorer may be null: the pattern alone).
-class PatternLayerState : public LayerState {
+// One KV head of a static pattern, optionally with heavy hitters chosen by a scored
+// policy (scorer may be null: the pattern alone). With a scorer whose decision is shared
+// by the layer's heads, the scores come from the layer's SharedScores.
+class PatternHeadState : public LayerState {
  public:
-  PatternLayerState(std::shared_ptr<const StaticPattern> pattern, const ScoredPolicy* scorer, int heavy,
-                    int layer, const SequenceShape& shape, const std::string& group_reduce)
-      : pattern_(std::move(pattern)), scorer_(scorer), heavy_capacity_(std::max(0, heavy)), shape_(shape),
-        channels_(scorer ? scorer->channels() : 0), use_max_(group_reduce == "max"),
-        heads_(shape.n_kv_heads), heavy_(shape.n_kv_heads) {
-    for (int h = 0; h < shape.n_kv_heads; ++h) {
-      heads_[h].layer = layer;
-      heads_[h].kv_head = h;
-    }
+  PatternHeadState(std::shared_ptr<const StaticPattern> pattern, const ScoredPolicy* scorer, int heavy, int layer,
+                   int kv_head, const SequenceShape& shape, GroupReduce reduce, std::shared_ptr<SharedScores> shared)
+      : pattern_(std::move(pattern)), scorer_(scorer), heavy_capacity_(std::max(0, heavy)),
+        prefill_len_(shape.prefill_len), group_(shape.group()), reduce_(reduce), shared_(std::move(shared)) {
+    slots_.channels = scorer ? scorer->channels() : 0;
+    slots_.layer = layer;
+    slots_.kv_head = kv_head;
+    if (shared_) shared_->attach(kv_head, &slots_);
   }
 
-  void append(int position, const float* key_norms) override {
+  void append(int position, float key_norm) override {
     last_position_ = position;
-    for (auto& head : heads_) {
-      head.positions.push_back(position);
-      head.values.resize(head.values.size() + channels_, 0.0f);
-      heavy_[head.kv_head].push_back(0);
-      if (scorer_)
-        scorer_->on_append(head, head.values.data() + head.values.size() - channels_, position,
-                           key_norms ? key_norms[head.kv_head] : 0.0f);
-    }
+    float* values = slots_.append(position);
+    heavy_.push_back(0);
+    if (scorer_) scorer_->on_append(slots_, values, position, key_norm);
   }
 
-  bool visible_slots(int kv_head, int query_position, std::vector<char>* visible) const override {
-    if (query_position < shape_.prefill_len) return false;  // the prefill attends everything
-    const auto& positions = heads_[kv_head].positions;
-    const auto& heavy = heavy_[kv_head];
+  bool visible(int query_position, std::vector<char>* visible) const override {
+    if (query_position < prefill_len_) return false;  // the prefill attends everything
+    const auto& positions = slots_.positions;
     visible->resize(positions.size());
     for (size_t s = 0; s < positions.size(); ++s)
-      (*visible)[s] = positions[s] == query_position || heavy[s] || pattern_->attends(query_position, positions[s]);
+      (*visible)[s] = positions[s] == query_position || heavy_[s] || pattern_->attends(query_position, positions[s]);
     return true;
   }
 
   void observe(const float* probs) override {
-    const int n = size(), group = shape_.group();
-    for (auto& head : heads_) {
-      if (scorer_) {
-        aggregated_.assign(n, 0.0f);
-        for (int j = 0; j < group; ++j) {
-          const float* row = probs + static_cast<size_t>(head.kv_head * group + j) * n;
-          for (int s = 0; s < n; ++s)
-            aggregated_[s] = use_max_ ? std::max(aggregated_[s], row[s]) : aggregated_[s] + row[s];
-        }
-        if (!use_max_)
-          for (int s = 0; s < n; ++s) aggregated_[s] /= group;
-        scorer_->on_observe(head, aggregated_.data());
-      }
-      head.steps++;
+    if (scorer_) {
+      reduce_group(probs, group_, slots_.size(), reduce_, &aggregated_);
+      scorer_->on_observe(slots_, aggregated_.data());
     }
+    slots_.steps++;
   }
 
   // After query i: heavy hitters for query i+1 are the best-scoring slots the pattern
   // does not attend at i+1; every other slot that no later query attends is dropped.
-  bool compress(std::vector<std::vector<int>>* keep) override {
-    const int i = last_position_, next = i + 1;
-    bool evicted = false;
-    std::vector<std::vector<int>> kept_slots(heads_.size());
-    std::vector<float> shared_scores;
-    if (scorer_ && heavy_capacity_ > 0 && scorer_->shared_across_heads()) {
-      // One decision per layer (heads hold the same slots then): average the scores.
-      const int n = size();
-      shared_scores.assign(n, 0.0f);
-      std::vector<float> head_scores(n);
-      for (auto& head : heads_) {
-        scorer_->score(head, head_scores.data());
-        for (int s = 0; s < n; ++s) shared_scores[s] += head_scores[s] / heads_.size();
+  bool compress(std::vector<int>* keep) override {
+    const int i = last_position_, next = i + 1, n = slots_.size();
+    std::vector<char> heavy(n, 0);
+    if (scorer_ && heavy_capacity_ > 0) {
+      if (shared_) {
+        scores_ = shared_->scores();
+      } else {
+        scores_.resize(n);
+        scorer_->score(slots_, scores_.data());
       }
-    }
-    for (size_t h = 0; h < heads_.size(); ++h) {
-      HeadSlots& head = heads_[h];
-      const int n = static_cast<int>(head.positions.size());
-      std::vector<char> heavy(n, 0);
-      if (scorer_ && heavy_capacity_ > 0) {
-        if (shared_scores.empty()) {
-          scores_.resize(n);
-          scorer_->score(head, scores_.data());
-        } else {
-          scores_ = shared_scores;
-        }
-        candidates_.clear();
-        for (int s = 0; s < n; ++s)
-          if (!pattern_->attends(next, head.positions[s])) candidates_.push_back(s);
-        const int k = std::min<int>(heavy_capacity_, candidates_.size());
-        std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), [&](int a, int b) {
-          if (scores_[a] != scores_[b]) return scores_[a] > scores_[b];
-          return a > b;  // ties keep the more recent token
-        });
-        for (int c = 0; c < k; ++c) heavy[candidates_[c]] = 1;
-      }
-      auto& kept = kept_slots[h];
+      candidates_.clear();
       for (int s = 0; s < n; ++s)
-        if (heavy[s] || pattern_->needed_later(i, head.positions[s])) kept.push_back(s);
-      if (static_cast<int>(kept.size()) < n) evicted = true;
-      std::vector<char> kept_heavy;
-      for (int s : kept) kept_heavy.push_back(heavy[s]);
-      heavy_[h].swap(kept_heavy);
-      if (static_cast<int>(kept.size()) < n) gather(head, kept);
+        if (!pattern_->attends(next, slots_.positions[s])) candidates_.push_back(s);
+      const int k = std::min<int>(heavy_capacity_, candidates_.size());
+      std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), [&](int a, int b) {
+        if (scores_[a] != scores_[b]) return scores_[a] > scores_[b];
+        return a > b;  // ties keep the more recent token
+      });
+      for (int c = 0; c < k; ++c) heavy[candidates_[c]] = 1;
     }
-    if (evicted) {
-      for (size_t h = 1; h < kept_slots.size(); ++h)
-        if (kept_slots[h].size() != kept_slots[0].size())
-          throw Error("internal: pattern cache heads hold different token counts");
-      if (keep) *keep = kept_slots;
-    }
-    return evicted;
+    kept_.clear();
+    for (int s = 0; s < n; ++s)
+      if (heavy[s] || pattern_->needed_later(i, slots_.positions[s])) kept_.push_back(s);
+    heavy_.clear();
+    for (int s : kept_) heavy_.push_back(heavy[s]);
+    if (static_cast<int>(kept_.size()) == n) return false;
+    slots_.gather(kept_);
+    if (keep) *keep = kept_;
+    return true;
   }
 
-  int size() const override { return static_cast<int>(heads_[0].positions.size()); }
-  const std::vector<int>& positions(int kv_head) const override { return heads_[kv_head].positions; }
+  const std::vector<int>& positions() const override { return slots_.positions; }
 
  private:
-  void gather(HeadSlots& head, const std::vector<int>& kept) {
-    std::vector<int> positions(kept.size());
-    std::vector<float> values(kept.size() * channels_);
-    for (size_t k = 0; k < kept.size(); ++k) {
-      positions[k] = head.positions[kept[k]];
-      std::copy_n(head.values.begin() + static_cast<size_t>(kept[k]) * channels_, channels_,
-                  values.begin() + k * channels_);
-    }
-    head.positions.swap(positions);
-    head.values.swap(values);
-  }
-
   std::shared_ptr<const StaticPattern> pattern_;
   const ScoredPolicy* scorer_;
-  int heavy_capacity_;
-  SequenceShape shape_;
-  int channels_;
-  bool use_max_;
-  std::vector<HeadSlots> heads_;
-  std::vector<std::vector<char>> heavy_;  // per head, per slot: a heavy hitter for the next query
+  int heavy_capacity_, prefill_len_, group_;
+  GroupReduce reduce_;
+  std::shared_ptr<SharedScores> shared_;
+  HeadSlots slots_;
+  std::vector<char> heavy_;  // per slot: a heavy hitter for the next query
   int last_position_ = -1;
   std::vector<float> aggregated_, scores_;
-  std::vector<int> candidates_;
+  std::vector<int> candidates_, kept_;
 };
+
+// A layer of pattern heads; heavy hitters from `scorer` (may be null).
+LayerStates pattern_layer_states(std::shared_ptr<const StaticPattern> pattern, const ScoredPolicy* scorer, int heavy,
+                                 int layer, const SequenceShape& shape, const std::string& group_reduce) {
+  LayerStates states;
+  states.lockstep = scorer && heavy > 0 && scorer->shared_across_heads();
+  auto shared = states.lockstep ? std::make_shared<SharedScores>(*scorer, shape.n_kv_heads) : nullptr;
+  for (int h = 0; h < shape.n_kv_heads; ++h)
+    states.heads.push_back(std::make_unique<PatternHeadState>(pattern, scorer, heavy, layer, h, shape,
+                                                              parse_group_reduce(group_reduce), shared));
+  return states;
+}
 
 // Largest number of keys the cache holds after any of the first `length` steps.
 int max_cached(const StaticPattern& pattern, int length) {
@@ -204,9 +163,9 @@ Budget PatternPolicy::layer_budget(int, const SequenceShape& shape) const {
   return budget;
 }
 
-std::unique_ptr<LayerState> PatternPolicy::make_layer_state(int layer, const SequenceShape& shape) const {
-  return std::make_unique<PatternLayerState>(std::shared_ptr<const StaticPattern>(resolve(shape)), nullptr, 0, layer,
-                                             shape, options_.params.text(kGroupReduce));
+LayerStates PatternPolicy::make_layer_states(int layer, const SequenceShape& shape) const {
+  return pattern_layer_states(std::shared_ptr<const StaticPattern>(resolve(shape)), nullptr, 0, layer, shape,
+                              options_.params.text(kGroupReduce));
 }
 
 // ---------------------------------------------------------------------------------
@@ -252,10 +211,9 @@ class ComposedPolicy : public RealisablePolicy {
 
   void validate(const SequenceShape& shape) const override { scored_->validate(shape); }
 
-  std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const override {
+  LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
     const Parts p = parts(layer, shape);
-    return std::make_unique<PatternLayerState>(p.pattern, scored_, p.heavy, layer, shape,
-                                               options_.params.text(kGroupReduce));
+    return pattern_layer_states(p.pattern, scored_, p.heavy, layer, shape, options_.params.text(kGroupReduce));
   }
 
  private:

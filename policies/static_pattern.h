@@ -5,7 +5,7 @@
 // pattern attends key j at i = j, j+1, .., j+l-1 and again at every i = j + k*l, so a
 // key it skips now comes back later. A real cache therefore holds every key a LATER
 // query still attends (the union), and each query's attention is masked to its own
-// pattern (LayerState::visible_slots). Sim mode masks the same way, so decode == sim.
+// pattern (LayerState::visible). Sim mode masks the same way, so decode == sim.
 // "Kept" for these policies means what a query attends; the physical cache is reported
 // by the usual KV statistics: sparse-fixed drops each finished block but its summary
 // keys (memory follows the pattern), sparse-strided can never drop a key (memory is the
@@ -43,7 +43,7 @@ inline const ParamSpec kStride = ParamSpec::integer(
 
 // A policy whose keep rule is a static pattern. Subclasses make the pattern for a given
 // period; the period comes from --stride, or from a kept-token budget (see
-// choose_period).
+// pattern_for).
 class PatternPolicy : public RealisablePolicy {
  public:
   using RealisablePolicy::RealisablePolicy;
@@ -60,7 +60,7 @@ class PatternPolicy : public RealisablePolicy {
   double default_heavy_share() const override { return 0.0; }
   void validate(const SequenceShape& shape) const override;
   Budget layer_budget(int layer, const SequenceShape& shape) const override;
-  std::unique_ptr<LayerState> make_layer_state(int layer, const SequenceShape& shape) const override;
+  LayerStates make_layer_states(int layer, const SequenceShape& shape) const override;
 
  private:
   std::unique_ptr<StaticPattern> resolve(const SequenceShape& shape) const;

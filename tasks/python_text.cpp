@@ -49,19 +49,25 @@ std::string python_strip(const std::string& utf8) {
   return utf8.substr(begin, end - begin);
 }
 
-std::vector<std::string> python_split(const std::string& utf8) {
-  std::vector<std::string> words;
+std::vector<std::pair<size_t, size_t>> python_split_spans(const std::string& utf8) {
+  std::vector<std::pair<size_t, size_t>> spans;
   size_t word_start = std::string::npos, len = 0;
   for (size_t i = 0; i < utf8.size(); i += len) {
     const bool space = is_python_space(decode_at(utf8, i, len));
     if (space && word_start != std::string::npos) {
-      words.push_back(utf8.substr(word_start, i - word_start));
+      spans.emplace_back(word_start, i);
       word_start = std::string::npos;
     } else if (!space && word_start == std::string::npos) {
       word_start = i;
     }
   }
-  if (word_start != std::string::npos) words.push_back(utf8.substr(word_start));
+  if (word_start != std::string::npos) spans.emplace_back(word_start, utf8.size());
+  return spans;
+}
+
+std::vector<std::string> python_split(const std::string& utf8) {
+  std::vector<std::string> words;
+  for (const auto& [begin, end] : python_split_spans(utf8)) words.push_back(utf8.substr(begin, end - begin));
   return words;
 }
 

@@ -2,6 +2,7 @@
 // len() counts code points (acc_norm), strip()/split() use Unicode whitespace.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvevict {
@@ -14,6 +15,9 @@ std::string python_strip(const std::string& utf8);
 
 // s.split(): runs of Unicode whitespace separate words; no empty words.
 std::vector<std::string> python_split(const std::string& utf8);
+
+// s.split() as [begin, end) byte ranges of the words in `utf8`.
+std::vector<std::pair<size_t, size_t>> python_split_spans(const std::string& utf8);
 
 // s[:-1]: everything but the last code point.
 std::string python_drop_last_char(const std::string& utf8);

@@ -8,6 +8,8 @@
 
 namespace kvevict {
 
+class Tokenizer;
+
 // Which request pipeline builds and scores the requests: lm-evaluation-harness 0.3's own
 // (and HELM's for generation), or the H2O repository's adaptor (ftfy, joint
 // tokenisation, mean score; its prompt files as they are).
@@ -17,7 +19,7 @@ struct TaskOptions {
   Pipeline pipeline = Pipeline::LmEval;
   std::string data_dir;  // the shared data folder (already resolved)
   int shots = 0;         // few-shot examples per request
-  int seed = 42;         // few-shot sampling seed (lm-eval 0.3 uses 42)
+  int seed = 42;         // few-shot sampling seed (lm-eval 0.3 uses 42); long-context items' seed
   int limit = -1;        // evaluate only the first `limit` documents in evaluation order (-1: all)
   // lm-eval 0.3 shuffles the evaluation documents with the seeded generator before
   // `limit` and before drawing few-shot examples; false keeps file order.
@@ -26,6 +28,11 @@ struct TaskOptions {
   // truncated); true applies HELM's cleaning (newlines to spaces, whitespace runs
   // collapsed, first 512 words) to articles and summaries.
   bool xsum_helm_truncate = false;
+  // Long-context tasks (ruler_*, niah): the length in tokens that each prompt plus its
+  // tokens to generate fits (prompt tokens counted without special tokens, as RULER
+  // does), and niah's needle depth in [0, 1] (the other tasks draw their depths).
+  int length = 0;
+  std::optional<double> depth;
 };
 
 // One log-likelihood request: score `continuation` given `context`
@@ -54,6 +61,17 @@ struct GenerationDoc {
   // The request file's sampling temperature (H2O-pipeline prompt files carry one);
   // unset: the run's EvalConfig::temperature.
   std::optional<double> temperature;
+
+  // Long-context tasks (ruler_*, niah) fill these; `reference` then joins `references`.
+  std::vector<std::string> references;  // every string the answer should contain
+  // prompt[0, question_offset) is the context, the rest the question and the answer
+  // prefix: the query-agnostic protocol compresses the context before the question is
+  // seen. Unset: the task has no such split.
+  std::optional<size_t> question_offset;
+  int length = 0;                // the requested length in tokens
+  int prompt_tokens = 0;         // tokens of `prompt` under the tokenizer it was fitted with
+  std::optional<double> depth;   // in [0, 1], where the answer sits in one needle
+  std::string haystack;          // what fills the context: "noise", "needle", "xsum", ...
 };
 
 // The model's answer to one log-likelihood request.
@@ -72,6 +90,12 @@ struct MetricValue {
 
 enum class TaskKind { MultipleChoice, Generation, Perplexity };
 
+// A task's own scores of its generations: one per document, and the metrics.
+struct GenerationScores {
+  std::vector<double> per_doc;
+  std::vector<MetricValue> metrics;  // in metric_names() order
+};
+
 class Task {
  public:
   virtual ~Task() = default;
@@ -85,9 +109,22 @@ class Task {
   }
   // Generation tasks override this.
   virtual std::vector<GenerationDoc> generation_docs(const TaskOptions&) const { return {}; }
+  // Generation tasks whose prompts are fitted to TaskOptions::length in the model's own
+  // tokens (the long-context tasks) override this instead; the default ignores the tokenizer.
+  virtual std::vector<GenerationDoc> generation_docs_for(const Tokenizer&, const TaskOptions& options) const {
+    return generation_docs(options);
+  }
+  // Generation tasks that score their own answers (the long-context tasks: RULER's string
+  // match, NIAH's ROUGE) override this; nullopt leaves scoring to the evaluator's ROUGE.
+  // `predictions` are the generated texts, one per document, in order.
+  virtual std::optional<GenerationScores> score_generations(const std::vector<GenerationDoc>&,
+                                                            const std::vector<std::string>&) const {
+    return std::nullopt;
+  }
 };
 
-// "copa", "piqa", "winogrande", "openbookqa", "rte", "mathqa", "xsum", "cnndm", "perplexity".
+// "copa", "piqa", "winogrande", "openbookqa", "rte", "mathqa", "xsum", "cnndm", "perplexity",
+// the RULER-style "ruler_*" tasks and "niah".
 std::unique_ptr<Task> make_task(const std::string& name);
 std::vector<std::string> task_names();
 

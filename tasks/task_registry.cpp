@@ -18,6 +18,18 @@ std::unique_ptr<Task> make_mathqa_task();
 std::unique_ptr<Task> make_xsum_task();
 std::unique_ptr<Task> make_cnndm_task();
 std::unique_ptr<Task> make_perplexity_task();
+std::unique_ptr<Task> make_ruler_niah_single_1_task();  // the ruler_niah_* in tasks/ruler_niah.cpp
+std::unique_ptr<Task> make_ruler_niah_single_2_task();
+std::unique_ptr<Task> make_ruler_niah_single_3_task();
+std::unique_ptr<Task> make_ruler_niah_multikey_1_task();
+std::unique_ptr<Task> make_ruler_niah_multikey_2_task();
+std::unique_ptr<Task> make_ruler_niah_multikey_3_task();
+std::unique_ptr<Task> make_ruler_niah_multivalue_task();
+std::unique_ptr<Task> make_ruler_niah_multiquery_task();
+std::unique_ptr<Task> make_ruler_vt_task();
+std::unique_ptr<Task> make_ruler_cwe_task();
+std::unique_ptr<Task> make_ruler_fwe_task();
+std::unique_ptr<Task> make_niah_task();
 
 namespace {
 
@@ -32,6 +44,18 @@ const std::vector<std::pair<std::string, std::function<std::unique_ptr<Task>()>>
       {"xsum", make_xsum_task},
       {"cnndm", make_cnndm_task},
       {"perplexity", make_perplexity_task},
+      {"ruler_niah_single_1", make_ruler_niah_single_1_task},
+      {"ruler_niah_single_2", make_ruler_niah_single_2_task},
+      {"ruler_niah_single_3", make_ruler_niah_single_3_task},
+      {"ruler_niah_multikey_1", make_ruler_niah_multikey_1_task},
+      {"ruler_niah_multikey_2", make_ruler_niah_multikey_2_task},
+      {"ruler_niah_multikey_3", make_ruler_niah_multikey_3_task},
+      {"ruler_niah_multivalue", make_ruler_niah_multivalue_task},
+      {"ruler_niah_multiquery", make_ruler_niah_multiquery_task},
+      {"ruler_vt", make_ruler_vt_task},
+      {"ruler_cwe", make_ruler_cwe_task},
+      {"ruler_fwe", make_ruler_fwe_task},
+      {"niah", make_niah_task},
   };
   return tasks;
 }

@@ -2,10 +2,13 @@
 // and persistence sanity, outputs and errors.
 
 #include <filesystem>
+#include <fstream>
 
 #include "harness/analysis/analyze.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
+#include "harness/runtime/attention.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 #undef CHECK
 #undef CHECK_EQ
@@ -14,6 +17,25 @@
 using namespace kvevict;
 
 namespace {
+
+// Every number in a JSON value, in document order (objects by key).
+void collect_numbers(const nlohmann::json& j, std::vector<double>& out) {
+  if (j.is_number()) out.push_back(j.get<double>());
+  if (j.is_structured())
+    for (const auto& item : j) collect_numbers(item, out);
+}
+
+// The same document shape: keys and array lengths, with the numbers left out.
+nlohmann::json shape_of(const nlohmann::json& j) {
+  if (j.is_number()) return "number";
+  if (!j.is_structured()) return j;
+  nlohmann::json shape = j.is_array() ? nlohmann::json::array() : nlohmann::json::object();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (j.is_array()) shape.push_back(shape_of(*it));
+    else shape[it.key()] = shape_of(it.value());
+  }
+  return shape;
+}
 
 }  // namespace
 
@@ -36,6 +58,58 @@ TEST_CASE("analyze reproduces the golden attention statistics", "[analyze][golde
       CHECK(std::abs(got.r2() - want["powerlaw_r2"].get<double>()) < 1e-3);
       CHECK(std::abs(got.top20() - want["top20_mass"].get<double>()) < 1e-3);
     }
+  }
+}
+
+TEST_CASE("analyze counts only the keys a sliding window lets a query see", "[analyze][window]") {
+  // tiny-random-mistral: window 8, 40 tokens, so most queries see 8 of their keys.
+  auto model = Model::load(test::data("models/tiny-random-mistral"));
+  const auto tokens = test::read_json(test::data("golden/tiny_models/tiny-random-mistral.json"))["tokens"].get<std::vector<int>>();
+  const int64_t window = model->arch().sliding_window;
+  REQUIRE(window == 8);
+  REQUIRE(tokens.size() > 3 * static_cast<size_t>(window));
+  // The reference: the model's own attention probabilities, and the statistics over the
+  // visible keys computed here, by brute force.
+  const int hq = static_cast<int>(model->arch().n_heads), T = static_cast<int>(tokens.size());
+  std::vector<std::vector<std::vector<double>>> probs(model->arch().n_layers);  // [layer][h * T + i][j]
+  FullAttention observed(
+      [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor&, const torch::Tensor&,
+          const torch::Tensor& p) {
+        auto host = p.to(torch::kFloat64).contiguous();
+        probs[layer].resize(static_cast<size_t>(hq) * T);
+        for (int h = 0; h < hq; ++h)
+          for (int64_t r = 0; r < rows; ++r) {
+            const double* row = host.data_ptr<double>() + (h * rows + r) * n;
+            probs[layer][h * T + first + r].assign(row, row + n);
+          }
+      },
+      5);
+  model->forward(tokens, 0, observed);
+  AnalyzeOptions options;
+  options.recall_policies = {"h2o"};
+  options.recall_budgets = {0.5};
+  const AttentionAnalysis analysis = analyze_attention(*model, {tokens}, options);
+  for (size_t l = 0; l < analysis.layers.size(); ++l) {
+    double sparse = 0, entries = 0, hidden_mass = 0;
+    for (int h = 0; h < hq; ++h)
+      for (int i = 0; i < T; ++i) {
+        const auto& row = probs[l][h * T + i];
+        const int lo = std::max<int>(0, i - static_cast<int>(window) + 1);
+        double top = 0;
+        for (int j = lo; j <= i; ++j) top = std::max(top, row[j]);
+        for (int j = lo; j <= i; ++j) sparse += row[j] < 0.01 * top;
+        for (int j = 0; j < lo; ++j) hidden_mass += row[j];
+        entries += i - lo + 1;
+      }
+    INFO("layer " << l);
+    CHECK(hidden_mass == 0);  // the model itself never attends past the window
+    double got_entries = 0;
+    for (const auto& head : analysis.layers[l].heads) got_entries += head.entries;
+    CHECK(got_entries == entries);  // 292 per head, not the 820 of the causal triangle
+    CHECK(analysis.layers[l].sparsity() == Approx(sparse / entries).margin(1e-12));
+    // h2o at 50% keeps 20 slots, but a query sees at most the window.
+    CHECK(analysis.layers[l].recall.at("h2o").at(0.5).attended() <= window - 1);
+    CHECK(analysis.layers[l].recall.at("h2o").at(0.5).recall() == Approx(1.0).margin(1e-6));
   }
 }
 
@@ -97,4 +171,89 @@ TEST_CASE("kvevict analyze writes JSON, CSV and plots; bad input is named", "[an
                                   " --recall-budgets 0.2,1.5");
   CHECK(budget.exit_code != 0);
   CHECK_THAT(budget.err, Catch::Contains("--recall-budgets"));
+}
+
+TEST_CASE("analyze --config runs each entry into its own folder, as the same flags would", "[analyze][cli]") {
+  const std::string dir = test::temp_dir("analyze_config");
+  const std::string config = dir + "/observations.json";
+  std::ofstream(config) << R"({"analyze": [
+    {"name": "story", "text_file": "text/tinystories_sample.txt", "max_tokens": 60,
+     "recall_policies": ["local"], "recall_budgets": [0.25], "deltas": [2, 8]},
+    {"name": "copa", "task": "copa", "limit": 1, "recall_policies": ["h2o"], "recall_budgets": [0.5]}]})";
+  auto r = test::run_kvevict("analyze --config " + config + " --out " + dir + "/by_config");
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  // Each entry, run by hand with its flags.
+  const std::string flags[2] = {"--text-file " + test::data("text/tinystories_sample.txt") +
+                                    " --max-tokens 60 --recall-policies local --recall-budgets 0.25 --deltas 2,8",
+                                "--task copa --limit 1 --recall-policies h2o --recall-budgets 0.5"};
+  const std::string names[2] = {"story", "copa"};
+  for (int e = 0; e < 2; ++e) {
+    INFO("entry " << names[e]);
+    const std::string by_hand = dir + "/by_hand_" + names[e];
+    auto hand = test::run_kvevict("analyze " + flags[e] + " --out " + by_hand);
+    REQUIRE(hand.exit_code == 0);
+    const std::string entry = dir + "/by_config/" + names[e];
+    CHECK(test::read_json(entry + "/analysis.json") == test::read_json(by_hand + "/analysis.json"));
+    CHECK(test::read_text(entry + "/analysis.csv") == test::read_text(by_hand + "/analysis.csv"));
+    CHECK(std::filesystem::exists(entry + "/plots/recall_vs_budget.svg"));
+  }
+  // The overrides really differ between the entries.
+  const auto story = test::read_json(dir + "/by_config/story/analysis.json");
+  const auto copa = test::read_json(dir + "/by_config/copa/analysis.json");
+  CHECK(story["tokens"] == 60);
+  CHECK(story["layers"][0]["recall"].contains("local"));
+  CHECK(story["layers"][0]["persistence"].contains("8"));
+  CHECK(copa["sequences"] == 2);  // one document, two choices
+  CHECK(copa["layers"][0]["recall"]["h2o"].contains("0.5"));
+
+  auto no_out = test::run_kvevict("analyze --config " + config);
+  CHECK(no_out.exit_code == 1);
+  CHECK_THAT(no_out.err, Catch::Contains("analyze --config needs --out DIR"));
+  std::ofstream(dir + "/empty.json") << R"({"name": "x"})";
+  auto no_list = test::run_kvevict("analyze --config " + dir + "/empty.json --out " + dir + "/nothing");
+  CHECK(no_list.exit_code == 1);
+  CHECK_THAT(no_list.err, Catch::Contains(dir + "/empty.json: no \"analyze\" list"));
+}
+
+TEST_CASE("analyze --block-rows changes how the rows are blocked, not the statistics; below 1 is refused",
+          "[analyze][cli]") {
+  const std::string dir = test::temp_dir("analyze_block_rows");
+  const std::string text = "analyze --text-file " + test::data("text/tinystories_sample.txt") +
+                           " --max-tokens 150 --recall-policies local,h2o --recall-budgets 0.2,0.5 --block-rows ";
+  nlohmann::json analyses[3];
+  const int blocks[3] = {1, 7, 512};  // a row at a time, uneven blocks, one block
+  for (int b = 0; b < 3; ++b) {
+    auto r = test::run_kvevict(text + std::to_string(blocks[b]));
+    INFO("block rows " << blocks[b] << ": " << r.err);
+    REQUIRE(r.exit_code == 0);
+    analyses[b] = nlohmann::json::parse(r.out);
+  }
+  std::vector<double> one_block;
+  collect_numbers(analyses[2], one_block);
+  CHECK(one_block.size() > 50);  // 5 layers of sparsity, fits, persistence, recall, attended
+  for (int b = 0; b < 2; ++b) {
+    INFO("block rows " << blocks[b] << " against one block");
+    CHECK(shape_of(analyses[b]) == shape_of(analyses[2]));
+    std::vector<double> numbers;
+    collect_numbers(analyses[b], numbers);
+    CHECK(test::max_diff(numbers, one_block) < 1e-5);
+  }
+  // What the flag is for: memory. A block of 512 rows of a 512-token sequence holds its
+  // [8 heads, 512, 512] float32 scores (8 MiB), blocks of 8 rows 1/64 of that; the peak
+  // must show at least a quarter of the difference (the same run varies by about 0.2 MiB).
+  const std::string long_text = "analyze --text-file " + test::data("text/tinystories_sample.txt") +
+                                " --max-tokens 512 --recall-policies none --block-rows ";
+  const auto [small_exit, small_kib] = test::run_kvevict_peak_memory(long_text + "8");
+  const auto [large_exit, large_kib] = test::run_kvevict_peak_memory(long_text + "512");
+  REQUIRE(small_exit == 0);
+  REQUIRE(large_exit == 0);
+  INFO("peak memory " << small_kib << " KiB with 8-row blocks, " << large_kib << " KiB with one 512-row block");
+  CHECK(large_kib - small_kib >= 2048);
+  for (const std::string bad : {"0", "-3"}) {
+    auto r = test::run_kvevict(text + bad);
+    INFO(r.err);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, Catch::Contains("--block-rows"));
+  }
 }

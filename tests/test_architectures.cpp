@@ -1,6 +1,7 @@
 // The LLaMA-family config keys: what is read (rope scaling, windows, head_dim) and the
 // one-line refusal of every math-changing key that is not implemented. Numbers against
 // the references are in test_model.cpp ("LLaMA-family variants ...").
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -8,6 +9,7 @@
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
 #include "harness/model/rope.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK
@@ -181,4 +183,45 @@ TEST_CASE("perplexity's KV accounting reports Mistral's window", "[arch][cli]") 
   CHECK(j["kv_sliding_window"] == 8);
   CHECK(j["kv_tokens_kept"] == nlohmann::json({20, 20}));
   CHECK(j["kv_tokens_visible"] == nlohmann::json({8, 8}));
+}
+
+TEST_CASE("dynamic NTK RoPE past max_position_embeddings: the CLI's log-probs are those of the raised base",
+          "[arch][cli]") {
+  // Hugging Face's dynamic NTK recomputes the base for each forward pass of seq_len
+  // tokens beyond max_position_embeddings M: base * (factor * seq_len / M - (factor - 1))
+  // ^ (dim / (dim - 2)). One teacher-forced pass of all 40 golden tokens with M = 24 and
+  // factor 2 is therefore the plain model with rope_theta raised by that formula, written
+  // out here; within M tokens it is the plain model.
+  const auto golden = test::read_json(test::data("golden/tiny_models/tiny-random-llama-gqa.json"));
+  const auto tokens = golden["tokens"].get<std::vector<int>>();
+  REQUIRE(tokens.size() == 40);
+  const auto dir = test::temp_dir("dynamic_ntk");
+  const std::string tokens_file = dir + "/tokens.txt";
+  {
+    std::ofstream out(tokens_file);
+    for (int id : tokens) out << id << " ";
+  }
+  const double theta = 500000, factor = 2, dim = 8, trained = 24, length = 40;
+  const auto dynamic = edited_model("tiny-random-llama-gqa", "dynamic", [&](auto& c) {
+    REQUIRE(c["rope_theta"].template get<double>() == theta);
+    REQUIRE(c["head_dim"].template get<double>() == dim);
+    c["max_position_embeddings"] = static_cast<int>(trained);
+    c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", factor}};
+  });
+  const auto raised = edited_model("tiny-random-llama-gqa", "raised", [&](auto& c) {
+    c["rope_theta"] = theta * std::pow(factor * length / trained - (factor - 1), dim / (dim - 2));
+  });
+  const auto plain = test::data("models/tiny-random-llama-gqa");
+  auto logprobs = [&](const std::string& model, int max_tokens) {
+    auto r = test::run_kvevict("perplexity --model " + model + " --tokens-file " + tokens_file + " --max-tokens " +
+                               std::to_string(max_tokens) + " --mode sim --per-token --format json");
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    return nlohmann::json::parse(r.out)["next_token_logprob"].get<std::vector<double>>();
+  };
+  const auto past = logprobs(dynamic, 40);
+  REQUIRE(past.size() == 39);
+  CHECK(test::max_diff(past, logprobs(raised, 40)) < 1e-6);
+  CHECK(test::max_diff(past, logprobs(plain, 40)) > 1e-3);  // the base really changed
+  CHECK(test::max_diff(logprobs(dynamic, 24), logprobs(plain, 24)) == 0);
 }

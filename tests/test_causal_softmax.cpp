@@ -7,6 +7,8 @@
 
 #include "harness/model/threads.h"
 #include "harness/runtime/causal_softmax.h"
+#include "tests/compare.h"
+#include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK
 #undef CHECK_EQ
@@ -32,20 +34,33 @@ struct ThreadCountGuard {
   ~ThreadCountGuard() { set_thread_count(saved); }
 };
 
-// The loop's answer (which must be taken wherever ATen runs its AVX2 kernels) against
-// ATen's, on copies of the same logits.
+// The loop's answer (taken wherever ATen runs its AVX2 kernels) against ATen's, on
+// copies of the same logits.
 void check_against_aten(const torch::Tensor& logits, const CausalRows& mask) {
   auto loop = logits.clone(), aten = logits.clone();
-  const bool taken = causal_softmax_in_place(loop, mask);
-  if (aten_uses_avx2_kernels()) REQUIRE(taken);
-  if (!taken) return;
+  REQUIRE(causal_softmax_in_place(loop, mask));
   const auto expected = causal_softmax_aten(aten, mask);
   CHECK(same_bits(loop, expected));
 }
 
+constexpr const char* kNotOnAvx2 =
+    "ATen does not run its AVX2 kernels in this process (the CPU or ATEN_CPU_CAPABILITY chose others), so "
+    "the loop is never taken here; 'causal softmax's AVX2 loop is checked in a child process' runs it";
+
+// The values of a tensor, as doubles.
+std::vector<double> values(const torch::Tensor& t) {
+  const auto c = t.to(torch::kFloat64).contiguous();
+  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+}
+
 }  // namespace
 
-TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attention]") {
+// The two [causal-loop] cases check the loop; they need ATen on its AVX2 kernels.
+TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attention][causal-loop]") {
+  if (!aten_uses_avx2_kernels()) {
+    KVEVICT_SKIP(kNotOnAvx2);
+    return;
+  }
   ThreadCountGuard guard;
   torch::manual_seed(11);
   struct Case {
@@ -71,7 +86,11 @@ TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attenti
   }
 }
 
-TEST_CASE("causal softmax rows with an infinite or NaN logit run whole, as ATen's do", "[attention]") {
+TEST_CASE("causal softmax rows with an infinite or NaN logit run whole, as ATen's do", "[attention][causal-loop]") {
+  if (!aten_uses_avx2_kernels()) {
+    KVEVICT_SKIP(kNotOnAvx2);
+    return;
+  }
   torch::manual_seed(12);
   const float inf = std::numeric_limits<float>::infinity();
   for (float odd : {inf, -inf, std::nanf("")}) {
@@ -97,4 +116,47 @@ TEST_CASE("causal softmax leaves other dtypes and layouts to ATen", "[attention]
   CHECK(probs.scalar_type() == torch::kFloat64);
   CHECK(probs[0][0][1].item<double>() == 0.0);
   CHECK((probs.sum(-1) - 1).abs().max().item<double>() < 1e-12);
+}
+
+TEST_CASE("causal softmax's AVX2 loop is checked in a child process on any AVX2 CPU", "[attention]") {
+  // ATen reads ATEN_CPU_CAPABILITY once per process; on an AVX-512 machine (or under
+  // ATEN_CPU_CAPABILITY=default) the [causal-loop] cases skip in this one.
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    KVEVICT_SKIP("this CPU has no AVX2 and FMA, so ATen never runs its AVX2 kernels and the loop is never taken");
+    return;
+  }
+  const auto child = test::run_command("ATEN_CPU_CAPABILITY=avx2 " + test::self_binary() +
+                                       " \"[causal-loop]\" -w NoAssertions");
+  INFO(child.out << child.err);
+  CHECK(child.exit_code == 0);
+  CHECK_THAT(child.out, Catch::Contains("All tests passed") && Catch::Contains("in 2 test cases"));
+  CHECK_THAT(child.out, !Catch::Contains("kvevict test skipped"));
+}
+
+TEST_CASE("causal softmax on any CPU: hidden keys +0, visible ones the float64 softmax", "[attention]") {
+  // Whichever path runs here (the loop or ATen's softmax), and the loop's contract: taken
+  // exactly where ATen runs its AVX2 kernels, and leaving the block as it was when not.
+  torch::manual_seed(13);
+  for (const CausalRows mask : {CausalRows{0, 9, 0}, CausalRows{31, 9, 0}, CausalRows{0, 40, 7}}) {
+    const int64_t n = mask.first_query + mask.rows;
+    INFO("first query " << mask.first_query << " rows " << mask.rows << " window " << mask.window);
+    const auto logits = torch::randn({3, mask.rows, n}) * 4;
+    auto block = logits.clone();
+    const bool taken = causal_softmax_in_place(block, mask);
+    CHECK(taken == aten_uses_avx2_kernels());
+    if (!taken) CHECK(torch::equal(block, logits));
+    const auto probs = causal_softmax(logits.clone(), mask);
+    // The reference: float64, hidden keys dropped by hand.
+    auto reference = torch::zeros({3, mask.rows, n}, torch::kFloat64);
+    const auto l = logits.to(torch::kFloat64);
+    for (int64_t r = 0; r < mask.rows; ++r) {
+      const int64_t query = mask.first_query + r;
+      const int64_t first = mask.window > 0 ? std::max<int64_t>(0, query - mask.window + 1) : 0;
+      const auto visible = l.select(1, r).narrow(1, first, query - first + 1);
+      reference.select(1, r).narrow(1, first, query - first + 1).copy_(torch::softmax(visible, -1));
+    }
+    CHECK(test::max_diff(values(probs), values(reference)) < 1e-6);
+    // Hidden keys are exactly +0, not merely small.
+    CHECK(torch::equal(probs.masked_select(reference == 0), torch::zeros({reference.eq(0).sum().item<int64_t>()})));
+  }
 }

@@ -1,6 +1,7 @@
 // kill -9 at 24 points of a sweep's writes (before, inside and after each cell's append,
 // and inside the resume-time rewrite), then resume: results.csv must end equal to an
-// uninterrupted run's. The kills are exact: KVEVICT_KILL_POINT (harness/common/kill_points.h)
+// uninterrupted run's. Likewise merge's and table's writes: killed anywhere, they leave
+// whole files only, and the same command run again finishes the job. The kills are exact: KVEVICT_KILL_POINT (harness/common/kill_points.h)
 // makes the process SIGKILL itself at the named point, so each case is reproducible.
 #include <sys/wait.h>
 
@@ -35,14 +36,18 @@ std::vector<std::string> comparable_rows(const std::string& out) {
   return rows;
 }
 
-// Runs the sweep with KVEVICT_KILL_POINT=point ("" for none); returns the exit code (-1: signal).
-int sweep(const std::string& config, const std::string& out, const std::string& point) {
+// Runs `kvevict ARGS` with KVEVICT_KILL_POINT=point ("" for none); returns the exit code (-1: signal).
+int run_killed(const std::string& args, const std::string& point) {
   const std::string env = point.empty() ? "" : "KVEVICT_KILL_POINT=" + point + " ";
-  const std::string command = env + test::kvevict_binary() + " sweep " + config + " --out " + out + " >/dev/null 2>&1";
+  const std::string command = env + test::kvevict_binary() + " " + args + " >/dev/null 2>&1";
   const int status = std::system(command.c_str());
   if (WIFSIGNALED(status)) return -1;
   const int code = WEXITSTATUS(status);
   return code == 128 + SIGKILL ? -1 : code;  // the shell reports its child's SIGKILL as 137
+}
+
+int sweep(const std::string& config, const std::string& out, const std::string& point) {
+  return run_killed("sweep " + config + " --out " + out, point);
 }
 
 }  // namespace
@@ -84,5 +89,54 @@ TEST_CASE("a sweep killed at any of 24 write points resumes to the uninterrupted
     INFO("kill points: " << trail);
     CHECK(sweep(config, out, "") == 0);
     CHECK(comparable_rows(out) == reference);
+  }
+}
+
+TEST_CASE("merge and table killed at each write point leave whole files and finish when rerun", "[sweep][crash]") {
+  const std::string dir = test::temp_dir("crash_merge_table");
+  const std::string config = dir + "/sweep.json";
+  std::ofstream(config) << kSweep;
+  for (int shard : {0, 1})
+    REQUIRE(run_killed("sweep " + config + " --out " + dir + "/s" + std::to_string(shard) + " --shard " +
+                        std::to_string(shard) + "/2",
+                    "") == 0);
+  const std::string shards = dir + "/s0 " + dir + "/s1";
+  REQUIRE(run_killed("merge " + shards + " --out " + dir + "/reference", "") == 0);
+  const auto reference = comparable_rows(dir + "/reference");
+  REQUIRE(reference.size() == 9);
+
+  SECTION("merge") {
+    // config.json (which marks the folder as this sweep's merge) is renamed in first, then
+    // the rows go to a temporary file (append_rows_durably's three points) renamed over
+    // results.csv. Killed between the two renames, the merge used to refuse its own folder.
+    for (const char* point : {"append-before-write:1", "append-mid-write:1", "append-before-fsync:1",
+                              "publish-before-rename:1", "publish-before-rename:2"}) {
+      INFO("kill point " << point);
+      const std::string out = dir + "/merged_" + point;
+      CHECK(run_killed("merge " + shards + " --out '" + out + "'", point) == -1);
+      // Either no results.csv or the whole one, never a part.
+      if (fs::exists(out + "/results.csv")) CHECK(comparable_rows(out) == reference);
+      CHECK(run_killed("merge " + shards + " --out '" + out + "'", "") == 0);
+      CHECK(comparable_rows(out) == reference);
+    }
+  }
+  SECTION("table") {
+    const std::string table = "table " + dir + "/reference --rows task,metric --cols policy --out ";
+    REQUIRE(run_killed(table + dir + "/want", "") == 0);
+    const std::string want_md = test::read_text(dir + "/want.md"), want_csv = test::read_text(dir + "/want.csv");
+    REQUIRE(want_md.find("| copa") != std::string::npos);
+    // Killed before the .md's rename, before the .csv's: an earlier table stays whole.
+    for (int point : {1, 2}) {
+      INFO("kill point publish-before-rename:" << point);
+      const std::string out = dir + "/table" + std::to_string(point);
+      std::ofstream(out + ".md") << "earlier table\n";
+      std::ofstream(out + ".csv") << "earlier,table\n";
+      CHECK(run_killed(table + out, "publish-before-rename:" + std::to_string(point)) == -1);
+      CHECK(test::read_text(out + ".md") == (point == 1 ? "earlier table\n" : want_md));
+      CHECK(test::read_text(out + ".csv") == "earlier,table\n");
+      CHECK(run_killed(table + out, "") == 0);
+      CHECK(test::read_text(out + ".md") == want_md);
+      CHECK(test::read_text(out + ".csv") == want_csv);
+    }
   }
 }

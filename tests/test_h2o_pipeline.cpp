@@ -13,6 +13,7 @@
 #include "harness/sweep/sweep.h"
 #include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 // Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
 #undef CHECK
@@ -43,8 +44,7 @@ double worst_golden_diff(const EvalResult& result, const std::string& key, int* 
   const auto golden = test::read_json(test::data("golden/h2o_pipeline_piqa300.json"));
   std::map<std::string, std::vector<double>> scores;
   for (const auto& doc : result.docs) scores[doc.id] = doc.choice_scores;
-  double worst = 0;
-  *compared = 0;
+  std::vector<double> got, want;  // every golden document's choices, in the golden's order
   const auto& docs = golden["tasks"]["piqa"]["docs"];
   for (auto it = docs.begin(); it != docs.end(); ++it) {
     const std::string id = it.key();
@@ -52,12 +52,11 @@ double worst_golden_diff(const EvalResult& result, const std::string& key, int* 
     REQUIRE(scores.count(id));
     const auto expected = it.value()[key].get<std::vector<double>>();
     REQUIRE(scores[id].size() == expected.size());
-    for (size_t c = 0; c < expected.size(); ++c) {
-      worst = std::max(worst, std::abs(scores[id][c] - expected[c]));
-      ++*compared;
-    }
+    got.insert(got.end(), scores[id].begin(), scores[id].end());
+    want.insert(want.end(), expected.begin(), expected.end());
   }
-  return worst;
+  *compared = static_cast<int>(want.size());
+  return test::max_diff(got, want);
 }
 
 Budget budget_of(const std::string& policy, const BudgetSpec& spec, int length) {
@@ -216,7 +215,7 @@ TEST_CASE("eval sizes stream budgets on the joint request and h2o-global sums it
   const auto docs = make_task("copa")->multiple_choice_docs(config.task_options);
   auto policy = make_policy("h2o-global", config.policy_options);
   const auto& tokenizer = test::stories().require_tokenizer();
-  double worst_all_rows = 0, worst_without_last = 0;
+  std::vector<double> scored, all_rows_sums, without_last_sums;  // one per document and choice
   for (size_t d = 0; d < docs.size(); ++d) {
     for (size_t c = 0; c < docs[d].requests.size(); ++c) {
       std::vector<int> whole = tokenizer.encode(docs[d].requests[c].context);
@@ -231,13 +230,14 @@ TEST_CASE("eval sizes stream budgets on the joint request and h2o-global sums it
         sum_all += all_rows.next_token_logprob[j - 1];
         sum_without += without_last.next_token_logprob[j - 1];
       }
-      worst_all_rows = std::max(worst_all_rows, std::abs(result.docs[d].choice_scores[c] - sum_all));
-      worst_without_last = std::max(worst_without_last, std::abs(result.docs[d].choice_scores[c] - sum_without));
+      scored.push_back(result.docs[d].choice_scores[c]);
+      all_rows_sums.push_back(sum_all);
+      without_last_sums.push_back(sum_without);
     }
   }
-  CHECK(worst_all_rows < 1e-9);
+  CHECK(test::max_diff(scored, all_rows_sums) < 1e-9);
   // The last row's attention changes the heavy set: leaving it out scores differently.
-  CHECK(worst_without_last > 1e-6);
+  CHECK(test::max_diff(scored, without_last_sums) > 1e-6);
 }
 
 TEST_CASE("the pipeline is a results column and part of a sweep cell's identity", "[h2o_pipeline][sweep]") {

@@ -57,7 +57,7 @@ TEST_CASE("matvec equals the float64 product of the same values", "[matvec]") {
   }
 }
 
-TEST_CASE("matvec gives the same bits on one thread and on two", "[matvec]") {
+TEST_CASE("matvec gives the same bits on one thread and on two", "[matvec][threads]") {
   ThreadCountGuard guard;
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     auto weight = random_weight(dtype);
@@ -95,7 +95,7 @@ TEST_CASE("matvec refuses what it does not handle, by name", "[matvec]") {
 
 TEST_CASE("the read-bandwidth probe reads with every thread it is given", "[roofline]") {
   // ATen's parallel_for compiles its OpenMP pragma into the caller: built without
-  // OpenMP, the probe ran on one thread whatever the thread count (issue 14).
+  // OpenMP, the probe ran on one thread whatever the thread count.
   ThreadCountGuard guard;
   for (int threads : {1, 2}) {
     set_thread_count(threads);

@@ -74,10 +74,12 @@ TEST_CASE("a tiny model runs each op on one thread and its threads take whole re
   ModelOptions options;
   options.threads = 3;
   auto model = Model::load(test::data("models/stories260K-hf"), options);
+  use_threads_for(*model, options.threads);
   CHECK(model->request_workers() == 3);
   CHECK(at::get_num_threads() == 1);
   options.threads = 0;
   model = Model::load(test::data("models/stories260K-hf"), options);
+  use_threads_for(*model, options.threads);
   CHECK(model->request_workers() == physical_core_count());
   set_thread_count(before);
 }
@@ -90,16 +92,22 @@ TEST_CASE("a model loaded after a tiny one gets back the threads the tiny one se
   auto made = test::run_kvevict("make-random-model --out " + dir + " --layers 1 --hidden 256 --heads 4 --kv-heads 4"
                                 " --intermediate 64 --vocab 64 --max-positions 32");
   REQUIRE(made.exit_code == 0);
+  // Model::load itself leaves the process's threads alone; the caller applies them.
   auto tiny = Model::load(test::data("models/stories260K-hf"));
+  CHECK(at::get_num_threads() == 2);
+  use_threads_for(*tiny, 0);
   CHECK(at::get_num_threads() == 1);
   auto bigger = Model::load(dir);
+  use_threads_for(*bigger, 0);
   CHECK(bigger->request_workers() == 1);
   CHECK(at::get_num_threads() == 2);
   // --threads still wins: the bigger model keeps what it was given.
   tiny = Model::load(test::data("models/stories260K-hf"));
+  use_threads_for(*tiny, 0);
   ModelOptions options;
   options.threads = 1;
   bigger = Model::load(dir, options);
+  use_threads_for(*bigger, options.threads);
   CHECK(at::get_num_threads() == 1);
   set_thread_count(before);
 }

@@ -3,6 +3,7 @@
 // check the scripts, the by-hand path and bad input without Slurm.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -206,6 +207,55 @@ TEST_CASE("a shard that fails once: status names it, --resubmit-failed reruns on
   CHECK(keys.size() == 12);
   auto after = test::run_kvevict("status " + out);
   CHECK_THAT(after.out, Catch::Contains("failed shards: none"));
+}
+
+TEST_CASE("sweep --slurm refuses to submit again while a shard is still queued", "[.slurm]") {
+  auto dir = fresh_dir("slurm_queued");
+  auto config = write_file(fs::path(dir) / "sweep.json", kSlurmSweep);
+  auto out = (fs::path(dir) / "run").string();
+  // The real sbatch with --hold: every job stays PENDING until released, so the shards are
+  // certainly still queued when the second submission comes.
+  auto held_sbatch = write_file(fs::path(dir) / "sbatch_hold", "#!/bin/sh\nexec sbatch --hold \"$@\"\n");
+  fs::permissions(held_sbatch, fs::perms::owner_all);
+  auto submit = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 2 --sbatch " + held_sbatch);
+  INFO(submit.err);
+  REQUIRE(submit.exit_code == 0);
+  const auto record_path = (fs::path(out) / "slurm" / "sweep.json").string();
+  const std::string record_before = test::read_text(record_path);
+  auto record = test::read_json(record_path);
+  REQUIRE(record["submissions"].size() == 1);
+  const std::string array_job = record["submissions"][0]["array_job"];
+  const std::string merge_job = record["submissions"][0]["merge_job"];
+  CHECK(job_state(array_job + "_0") == "PENDING");
+
+  // Submitting the same sweep again would run shard 0 twice into the same folder.
+  auto again = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --sbatch " + held_sbatch);
+  CHECK(is_one_line_error(again));
+  CHECK(again.exit_code == 1);
+  CHECK_THAT(again.err, Catch::Contains("shard 0 is still PENDING as Slurm job " + array_job) &&
+                            Catch::Contains("scancel it first"));
+  // Nothing new was submitted or recorded: every job in the queue is one of the two
+  // (Slurm numbers jobs in submission order, and the merge job came last).
+  CHECK(test::read_text(record_path) == record_before);
+  const std::string queued = shell_output("squeue -h -o %F 2>/dev/null");
+  size_t listed = 0;
+  for (size_t at = 0; at < queued.size();) {
+    const size_t end = std::min(queued.find('\n', at), queued.size());
+    const std::string id = queued.substr(at, end - at);
+    at = end + 1;
+    if (id.empty()) continue;
+    ++listed;
+    INFO("queued job " << id);
+    CHECK(std::stoll(id) <= std::stoll(merge_job));
+  }
+  CHECK(listed >= 2);
+  // --resubmit-failed finds nothing failed: queued shards are not failed ones.
+  auto resubmit = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --resubmit-failed --sbatch " + held_sbatch);
+  CHECK(resubmit.exit_code == 0);
+  CHECK_THAT(resubmit.out, Catch::Contains("no failed shards to resubmit"));
+  CHECK(test::read_text(record_path) == record_before);
+  shell_output("scancel " + array_job + " " + merge_job + " 2>&1");
+  CHECK(wait_for_jobs(array_job + "," + merge_job, 60));
 }
 
 TEST_CASE("sweep --slurm --dry-run writes the array and merge scripts with the pass-through options", "[slurm-cli]") {

@@ -9,6 +9,8 @@
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "policies/static_pattern.h"
+#include "tests/policy_drive.h"
+#include "tests/compare.h"
 #include "tests/test_support.h"
 #undef CHECK
 #undef CHECK_EQ
@@ -33,34 +35,26 @@ SequenceShape stories_shape(int length) {
   return shape;
 }
 
-// Runs a layer state over `length` steps with seeded random attention and calls
-// check(i, visible keys per KV head) for every query i.
-void drive(LayerState& state, const SequenceShape& shape, int length,
+// Runs a layer's states over `length` steps with seeded random attention over the
+// visible slots and calls check(i, visible keys per KV head) for every query i.
+void drive(LayerStates& states, SequenceShape shape, int length,
            const std::function<void(int, const std::vector<std::set<int>>&)>& check) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
-  std::vector<float> norms(shape.n_kv_heads, 1.0f), probs;
-  for (int i = 0; i < length; ++i) {
-    state.append(i, norms.data());
-    const int n = state.size();
-    std::vector<std::set<int>> visible(shape.n_kv_heads);
-    probs.assign(static_cast<size_t>(shape.n_q_heads) * n, 0.0f);
-    for (int kv = 0; kv < shape.n_kv_heads; ++kv) {
-      std::vector<char> flags;
-      const bool masked = state.visible_slots(kv, i, &flags);
-      const auto& pos = state.positions(kv);
-      for (int s = 0; s < n; ++s)
-        if (!masked || flags[s]) visible[kv].insert(pos[s]);
-      for (int q = kv * shape.group(); q < (kv + 1) * shape.group(); ++q) {
+  shape.length = length;
+  const test::LayerTrace trace = test::drive_layer_states(
+      states, shape,
+      [&](int, int, const std::vector<int>& positions, const std::vector<char>* visible, float* out) {
         float sum = 0;
-        for (int s = 0; s < n; ++s)
-          if (!masked || flags[s]) sum += (probs[static_cast<size_t>(q) * n + s] = uniform(rng));
-        for (int s = 0; s < n; ++s) probs[static_cast<size_t>(q) * n + s] /= sum;
-      }
-    }
+        for (size_t s = 0; s < positions.size(); ++s)
+          if (!visible || (*visible)[s]) sum += (out[s] = uniform(rng));
+        for (size_t s = 0; s < positions.size(); ++s) out[s] /= sum;
+      },
+      [](int, int) { return 1.0f; });
+  for (int i = 0; i < length; ++i) {
+    std::vector<std::set<int>> visible;
+    for (const auto& seen : trace.seen[i]) visible.emplace_back(seen.begin(), seen.end());
     check(i, visible);
-    state.observe(probs.data());
-    state.compress(nullptr);
   }
 }
 
@@ -110,9 +104,9 @@ TEST_CASE("sparse-strided and sparse-fixed reproduce the golden masks", "[policy
     }
     // The last query attends exactly the golden's key count.
     const SequenceShape shape = stories_shape(static_cast<int>(tokens.size()));
-    auto state = policy->as_realisable()->make_layer_state(0, shape);
+    LayerStates state = policy->as_realisable()->make_layer_states(0, shape);
     int last_row = -1;
-    drive(*state, shape, shape.length, [&](int i, const std::vector<std::set<int>>& visible) {
+    drive(state, shape, shape.length, [&](int i, const std::vector<std::set<int>>& visible) {
       if (i == shape.length - 1) last_row = static_cast<int>(visible[0].size());
     });
     CHECK(last_row == golden[key]["kept_last_row"].get<int>());
@@ -158,9 +152,9 @@ TEST_CASE("h2o on a static pattern keeps at most B*L keys and always the pattern
                                                                               static_cast<int>(budget * length) % 2,
                                                                           length);
       const int capacity = static_cast<int>(budget * length);
-      auto state = composed->as_realisable()->make_layer_state(0, shape);
+      LayerStates state = composed->as_realisable()->make_layer_states(0, shape);
       int most = 0, heavy_seen = 0;
-      drive(*state, shape, length, [&](int i, const std::vector<std::set<int>>& visible) {
+      drive(state, shape, length, [&](int i, const std::vector<std::set<int>>& visible) {
         for (const auto& keys : visible) {
           INFO(pattern_name << " budget " << budget << " query " << i);
           REQUIRE(keys.count(i) == 1);
@@ -193,11 +187,8 @@ TEST_CASE("composed policies: sim == decode and bad combinations", "[policy][spa
       auto policy = make_policy(name, o);
       auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
       auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
-      double worst = 0;
-      for (size_t i = 0; i < sim.next_token_logprob.size(); ++i)
-        worst = std::max(worst, std::abs(sim.next_token_logprob[i] - decode.next_token_logprob[i]));
-      INFO(name << " prefill " << prefill << " max diff " << worst);
-      CHECK(worst < 1e-9);
+      INFO(name << " prefill " << prefill);
+      CHECK(test::max_diff(sim.next_token_logprob, decode.next_token_logprob) < 1e-9);
       CHECK(sim.kv.kept_per_layer == decode.kv.kept_per_layer);
     }
   }

@@ -1,6 +1,8 @@
 #include "tests/test_support.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +31,11 @@ std::string read_text(const std::string& path) {
 }
 
 const Model& stories() {
-  static auto model = Model::load(data("models/stories260K-hf"));
+  static auto model = [] {
+    auto loaded = Model::load(data("models/stories260K-hf"));
+    use_threads_for(*loaded, 0);  // as the CLI does: a tiny model runs each op on one thread
+    return loaded;
+  }();
   return *model;
 }
 
@@ -52,18 +58,35 @@ std::string kvevict_binary() {
   return other && *other ? other : KVEVICT_BINARY;
 }
 
-CommandResult run_kvevict(const std::string& args) {
+std::string self_binary() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+CommandResult run_command(const std::string& command_line) {
   static int counter = 0;
   auto dir = std::filesystem::temp_directory_path() /
              ("kvevict_cmd_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   std::filesystem::create_directories(dir);
   std::string out = (dir / "out").string(), err = (dir / "err").string();
-  std::string cmd = kvevict_binary() + " " + args + " >" + out + " 2>" + err;
+  std::string cmd = command_line + " >" + out + " 2>" + err;
   int status = std::system(cmd.c_str());
   CommandResult result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out),
                        read_text(err)};
   std::filesystem::remove_all(dir);
   return result;
 }
+
+std::pair<int, long> run_kvevict_peak_memory(const std::string& args) {
+  const std::string command = "exec " + kvevict_binary() + " " + args + " >/dev/null 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  if (pid < 0 || ::wait4(pid, &status, 0, &usage) != pid) return {-1, 0};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, usage.ru_maxrss};
+}
+
+CommandResult run_kvevict(const std::string& args) { return run_command(kvevict_binary() + " " + args); }
 
 }  // namespace kvevict::test

@@ -2,6 +2,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvevict {
@@ -33,4 +34,20 @@ std::string kvevict_binary();
 // Runs the kvevict binary with the given argument string (shell-quoted by the caller).
 CommandResult run_kvevict(const std::string& args);
 
+// Runs the kvevict binary (stdout and stderr discarded); returns its exit code and its
+// peak resident memory in KiB (wait4's ru_maxrss of that one process).
+std::pair<int, long> run_kvevict_peak_memory(const std::string& args);
+// Runs a shell command line (quoted by the caller), capturing its output.
+CommandResult run_command(const std::string& command_line);
+// This test binary (/proc/self/exe), for tests that rerun one of its cases in a child
+// process with a different environment (e.g. ATEN_CPU_CAPABILITY, read once per process).
+std::string self_binary();
+
 }  // namespace kvevict::test
+
+// Catch 2 has no SKIP. A test case that cannot run on this machine says why with this
+// and returns before any assertion; CTest reports it as skipped (SKIP_REGULAR_EXPRESSION
+// in CMakeLists.txt), and a test run with -w NoAssertions does not count it as passed.
+// Only ever at the top of a test case whose whole body depends on the condition: the
+// marker makes CTest report the whole case as skipped.
+#define KVEVICT_SKIP(reason) WARN("kvevict test skipped: " << reason)

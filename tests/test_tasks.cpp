@@ -444,7 +444,11 @@ TEST_CASE("agreement between a policy run and the full-cache run", "[tasks][metr
 
 TEST_CASE("task registry", "[tasks]") {
   CHECK(task_names() == std::vector<std::string>{"copa", "piqa", "winogrande", "openbookqa", "rte",
-                                                 "mathqa", "xsum", "cnndm", "perplexity"});
+                                                 "mathqa", "xsum", "cnndm", "perplexity",
+                                                 "ruler_niah_single_1", "ruler_niah_single_2", "ruler_niah_single_3",
+                                                 "ruler_niah_multikey_1", "ruler_niah_multikey_2",
+                                                 "ruler_niah_multikey_3", "ruler_niah_multivalue",
+                                                 "ruler_niah_multiquery", "ruler_vt", "ruler_cwe", "ruler_fwe", "niah"});
   CHECK(make_task("xsum")->kind() == TaskKind::Generation);
   CHECK(make_task("piqa")->metric_names() == std::vector<std::string>{"acc", "acc_norm"});
   CHECK(make_task("copa")->metric_names() == std::vector<std::string>{"acc"});

@@ -4,13 +4,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <limits>
 #include <sstream>
 
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/runtime/attention.h"
+#include "harness/runtime/policy_driver.h"
+#include "harness/runtime/scorer.h"
 #include "notebooks-export/results_csv.h"
 #include "notebooks-export/svg_plot.h"
 #include "policies/registry.h"
@@ -95,34 +97,22 @@ PowerLawFit fit_power_law(const std::vector<double>& sorted) {
   return fit;
 }
 
+// One recall policy at one budget: its driver per layer, run beside full attention.
 struct RecallRun {
   std::string policy;
   double budget;
   std::unique_ptr<Policy> made;
-  std::unique_ptr<LayerState> state;
+  std::unique_ptr<PolicyDriver> driver;
 };
 
-// The statistics of one sequence, fed row block by row block, layer by layer.
+// The statistics of one sequence, fed the full attention block by block, layer by layer
+// (FullAttention's observer).
 class SequenceAnalyzer {
  public:
-  SequenceAnalyzer(const AnalyzeOptions& options, AttentionAnalysis& out, bool record_profile)
-      : options_(options), out_(out), record_profile_(record_profile) {
+  SequenceAnalyzer(const AnalyzeOptions& options, AttentionAnalysis& out, bool record_profile,
+                   const SequenceShape& shape, int64_t window)
+      : options_(options), out_(out), record_profile_(record_profile), shape_(shape), window_(window) {
     for (int d : options.persistence_deltas) max_delta_ = std::max(max_delta_, d);
-  }
-
-  void begin_layer(int layer, int T, int hq, int hkv, const float* key_norms, const SequenceShape& shape) {
-    layer_ = layer;
-    T_ = T;
-    hq_ = hq;
-    hkv_ = hkv;
-    key_norms_ = key_norms;
-    if (static_cast<int>(out_.layers.size()) <= layer) out_.layers.resize(layer + 1);
-    auto& stats = out_.layers[layer];
-    if (stats.heads.size() < static_cast<size_t>(hq)) stats.heads.resize(hq);
-    acc_.assign(hq, std::vector<double>(T, 0.0));
-    k_ = std::max(1, static_cast<int>(options_.persistence_k_ratio * T));
-    ring_.assign(hq, std::vector<std::vector<int>>(max_delta_ + 1));
-    runs_.clear();
     for (const auto& name : options_.recall_policies)
       for (double budget : options_.recall_budgets) {
         PolicyOptions o = options_.policy_options;
@@ -130,27 +120,62 @@ class SequenceAnalyzer {
         RecallRun run{name, budget, make_policy(name, o), nullptr};
         if (!run.made->realisable()) continue;  // noted once by analyze_attention
         run.made->validate(shape);
-        run.state = run.made->as_realisable()->make_layer_state(layer, shape);
         runs_.push_back(std::move(run));
       }
   }
 
-  // probs: [hq][rows][width], row r is query first + r over keys 0..width-1.
-  void rows(int first, int rows, int width, const double* probs) {
+  // One block of query rows (FullAttention's observer).
+  void block(int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& logits,
+             const torch::Tensor& probs) {
+    if (layer != layer_) {
+      if (layer_ >= 0) end_layer();
+      begin_layer(layer, k);
+    }
+    const auto host = probs.to(torch::kCPU, torch::kFloat64).contiguous();  // [hq, rows, n]
+    statistics(static_cast<int>(first), static_cast<int>(rows), static_cast<int>(n), host.data_ptr<double>());
+    for (auto& run : runs_) recall(run, first, rows, n, logits, host.data_ptr<double>());
+  }
+
+  void finish() {
+    if (layer_ >= 0) end_layer();
+  }
+
+ private:
+  void begin_layer(int layer, const torch::Tensor& k) {
+    layer_ = layer;
+    T_ = static_cast<int>(k.size(0));
+    hq_ = shape_.n_q_heads;
+    hkv_ = shape_.n_kv_heads;
+    norms_ = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
+    if (static_cast<int>(out_.layers.size()) <= layer) out_.layers.resize(layer + 1);
+    auto& stats = out_.layers[layer];
+    if (stats.heads.size() < static_cast<size_t>(hq_)) stats.heads.resize(hq_);
+    acc_.assign(hq_, std::vector<double>(T_, 0.0));
+    k_ = std::max(1, static_cast<int>(options_.persistence_k_ratio * T_));
+    ring_.assign(hq_, std::vector<std::vector<int>>(max_delta_ + 1));
+    for (auto& run : runs_)
+      run.driver = std::make_unique<PolicyDriver>(*run.made->as_realisable(), layer, shape_, window_,
+                                                  SlotColumns::Positions);
+  }
+
+  // probs: [hq][rows][width], row r is query first + r over keys 0..width-1. Only the keys
+  // the query sees count (the model's sliding window hides the others).
+  void statistics(int first, int rows, int width, const double* probs) {
     auto& stats = out_.layers[layer_];
     std::vector<int> order;
     for (int r = 0; r < rows; ++r) {
       const int i = first + r;
+      const int lo = window_ > 0 ? std::max<int>(0, i - static_cast<int>(window_) + 1) : 0;
       for (int h = 0; h < hq_; ++h) {
         const double* p = probs + (static_cast<size_t>(h) * rows + r) * width;
         double top = 0;
-        for (int j = 0; j <= i; ++j) top = std::max(top, p[j]);
+        for (int j = lo; j <= i; ++j) top = std::max(top, p[j]);
         int sparse = 0;
-        for (int j = 0; j <= i; ++j) sparse += p[j] < 0.01 * top;
+        for (int j = lo; j <= i; ++j) sparse += p[j] < 0.01 * top;
         stats.heads[h].sparse += sparse;
-        stats.heads[h].entries += i + 1;
+        stats.heads[h].entries += i - lo + 1;
         auto& acc = acc_[h];
-        for (int j = 0; j <= i; ++j) acc[j] += p[j];
+        for (int j = lo; j <= i; ++j) acc[j] += p[j];
         if (i + 1 > k_) {
           // The heavy hitters after query i, and their overlap with those delta steps before.
           order.resize(i + 1);
@@ -174,8 +199,37 @@ class SequenceAnalyzer {
           }
         }
       }
-      for (auto& run : runs_) step_recall(run, i, rows, r, width, probs);
     }
+  }
+
+  // The policy's rows through its driver, on a copy of the block's logits: the slots each
+  // query sees, and the share of full attention they hold.
+  void recall(RecallRun& run, int64_t first, int64_t rows, int64_t width, const torch::Tensor& logits,
+              const double* probs) {
+    auto policy_logits = logits.to(torch::kCPU).contiguous();  // [hq, rows, width], overwritten
+    visible_.resize(static_cast<size_t>(hkv_) * rows * width);
+    const float* norms = norms_.data_ptr<float>() + first * hkv_;
+    if (policy_logits.scalar_type() == torch::kFloat64)
+      run.driver->rows(first, rows, width, policy_logits.data_ptr<double>(), norms, visible_.data());
+    else
+      run.driver->rows(first, rows, width, policy_logits.data_ptr<float>(), norms, visible_.data());
+    auto& stats = out_.layers[layer_].recall[run.policy][run.budget];
+    const int group = hq_ / hkv_;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int h = 0; h < hq_; ++h) {
+        const char* seen = visible_.data() + ((h / group) * rows + r) * width;
+        const double* p = probs + (static_cast<size_t>(h) * rows + r) * width;
+        double mass = 0;
+        int attended = 0;
+        for (int64_t j = 0; j < width; ++j)
+          if (seen[j]) {
+            mass += p[j];
+            ++attended;
+          }
+        stats.recall_sum += mass;
+        stats.attended_sum += attended - 1;
+        stats.rows += 1;
+      }
   }
 
   void end_layer() {
@@ -201,89 +255,20 @@ class SequenceAnalyzer {
       hs.fits += 1;
     }
     if (record_profile_) stats.rank_profile = profile;
-    runs_.clear();
-  }
-
- private:
-  // The policy's kept set for query i, the full-attention mass it holds, and the
-  // renormalised attention it observes (what sim mode would show it on these logits).
-  void step_recall(RecallRun& run, int i, int rows, int r, int width, const double* probs) {
-    LayerState& state = *run.state;
-    state.append(i, key_norms_ + static_cast<size_t>(i) * hkv_);
-    const int n = state.size(), group = hq_ / hkv_;
-    observed_.assign(static_cast<size_t>(hq_) * n, 0.0f);
-    auto& stats = out_.layers[layer_].recall[run.policy][run.budget];
-    std::vector<char> visible;
-    for (int kv = 0; kv < hkv_; ++kv) {
-      const bool masked = state.visible_slots(kv, i, &visible);
-      const std::vector<int>& pos = state.positions(kv);
-      int attended = 0;
-      for (int s = 0; s < n; ++s) attended += !masked || visible[s];
-      for (int h = kv * group; h < (kv + 1) * group; ++h) {
-        const double* p = probs + (static_cast<size_t>(h) * rows + r) * width;
-        double mass = 0;
-        for (int s = 0; s < n; ++s)
-          if (!masked || visible[s]) mass += p[pos[s]];
-        float* out = observed_.data() + static_cast<size_t>(h) * n;
-        for (int s = 0; s < n; ++s)
-          if (!masked || visible[s]) out[s] = static_cast<float>(mass > 0 ? p[pos[s]] / mass : 1.0 / attended);
-        stats.recall_sum += mass;
-        stats.attended_sum += attended - 1;
-        stats.rows += 1;
-      }
-    }
-    state.observe(observed_.data());
-    state.compress(nullptr);
+    for (auto& run : runs_) run.driver.reset();
   }
 
   const AnalyzeOptions& options_;
   AttentionAnalysis& out_;
   bool record_profile_;
-  int max_delta_ = 0, layer_ = 0, T_ = 0, hq_ = 0, hkv_ = 0, k_ = 1;
-  const float* key_norms_ = nullptr;
+  SequenceShape shape_;
+  int64_t window_;
+  int max_delta_ = 0, layer_ = -1, T_ = 0, hq_ = 0, hkv_ = 0, k_ = 1;
+  torch::Tensor norms_;  // [T, Hkv]: the layer's key norms
   std::vector<std::vector<double>> acc_;
   std::vector<std::vector<std::vector<int>>> ring_;  // [head][step % (max delta + 1)]: top-k keys
   std::vector<RecallRun> runs_;
-  std::vector<float> observed_;
-};
-
-// Full causal attention (the same as FullAttention) computed in blocks of query rows;
-// each block's probabilities go to the analyzer and are dropped.
-class ObservedAttention : public AttentionBackend {
- public:
-  ObservedAttention(SequenceAnalyzer& analyzer, SequenceShape shape, int block_rows)
-      : analyzer_(analyzer), shape_(shape), block_rows_(std::max(1, block_rows)) {}
-
-  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       int64_t start) override {
-    if (start != 0) throw Error("analyze runs one pass over the whole sequence");
-    const int64_t T = q.size(0), hq = q.size(1), hkv = k.size(1), d = q.size(2), g = hq / hkv;
-    const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    auto qh = q.permute({1, 0, 2}).to(acc);                                 // [Hq, T, d]
-    auto kh = k.permute({1, 0, 2}).repeat_interleave(g, 0).to(acc);          // query head h uses KV head h / g
-    auto vh = v.permute({1, 0, 2}).repeat_interleave(g, 0).to(acc);
-    auto norms = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
-    analyzer_.begin_layer(layer, static_cast<int>(T), static_cast<int>(hq), static_cast<int>(hkv),
-                          norms.data_ptr<float>(), shape_);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    std::vector<torch::Tensor> outputs;
-    for (int64_t first = 0; first < T; first += block_rows_) {
-      const int64_t rows = std::min<int64_t>(block_rows_, T - first), width = first + rows;
-      auto logits = torch::bmm(qh.narrow(1, first, rows), kh.narrow(1, 0, width).transpose(1, 2)) * scale;
-      auto future = torch::ones({rows, width}, torch::kBool).triu(first + 1).to(q.device());
-      auto probs = torch::softmax(logits.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-      outputs.push_back(torch::bmm(probs, vh.narrow(1, 0, width)));
-      auto host = probs.to(torch::kCPU, torch::kFloat64).contiguous();
-      analyzer_.rows(static_cast<int>(first), static_cast<int>(rows), static_cast<int>(width), host.data_ptr<double>());
-    }
-    analyzer_.end_layer();
-    return torch::cat(outputs, 1).permute({1, 0, 2}).reshape({T, hq * d}).to(q.scalar_type());
-  }
-
- private:
-  SequenceAnalyzer& analyzer_;
-  SequenceShape shape_;
-  int block_rows_;
+  std::vector<char> visible_;  // [hkv][rows][width]: the slots each query of a recall run saw
 };
 
 std::string number_text(double value) { return format_number(value); }
@@ -306,14 +291,14 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
   for (size_t s = 0; s < sequences.size(); ++s) {
     const auto& tokens = sequences[s];
     if (tokens.empty()) continue;
-    SequenceShape shape;
-    shape.length = static_cast<int>(tokens.size());
-    shape.n_layers = static_cast<int>(model.arch().n_layers);
-    shape.n_q_heads = static_cast<int>(model.arch().n_heads);
-    shape.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
-    SequenceAnalyzer analyzer(options, out, s == longest);
-    ObservedAttention attention(analyzer, shape, options.block_rows);
+    const SequenceShape shape = shape_for(model, static_cast<int>(tokens.size()), 0);
+    SequenceAnalyzer analyzer(options, out, s == longest, shape, model.arch().sliding_window);
+    FullAttention attention(
+        [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& logits,
+            const torch::Tensor& probs) { analyzer.block(layer, first, rows, n, k, logits, probs); },
+        std::max(1, options.block_rows));
     model.forward(tokens, 0, attention);
+    analyzer.finish();
     out.sequences += 1;
     out.tokens += static_cast<int64_t>(tokens.size());
   }
@@ -450,163 +435,6 @@ std::vector<std::string> AttentionAnalysis::write_plots(const AnalyzeOptions&, c
     paths.push_back(path);
   }
   return paths;
-}
-
-// ---------------------------------------------------------------------------------
-namespace {
-
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-// The token sequences to analyse: one per text/tokens file, one per task request.
-std::vector<std::vector<int>> analyze_sequences(const Model& model, const AnalyzeArgs& a, const std::string& data) {
-  std::vector<std::vector<int>> sequences;
-  auto cut_front = [](std::vector<int>& ids, int keep) {
-    if (keep > 0 && static_cast<int>(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
-  };
-  if (!a.text_file.empty() || !a.tokens_file.empty()) {
-    std::vector<int> ids = a.tokens_file.empty() ? model.encode(read_text_file(a.text_file), true)
-                                                 : read_tokens_file(a.tokens_file);
-    if (a.max_tokens > 0 && static_cast<int>(ids.size()) > a.max_tokens) ids.resize(a.max_tokens);
-    sequences.push_back(ids);
-    return sequences;
-  }
-  auto task = make_task(a.task);
-  TaskOptions options;
-  options.data_dir = data;
-  options.shots = a.shots;
-  options.seed = a.fewshot_seed;
-  options.limit = a.limit;
-  const int window = std::min<int>(a.max_length, static_cast<int>(model.arch().max_positions));
-  if (task->kind() == TaskKind::MultipleChoice) {
-    const Tokenizer& tokenizer = model.require_tokenizer();
-    for (const auto& doc : task->multiple_choice_docs(options))
-      for (const auto& request : doc.requests) {
-        std::vector<int> ids = model.encode(request.context, a.bos);
-        for (int id : tokenizer.encode(request.continuation)) ids.push_back(id);
-        cut_front(ids, window);
-        sequences.push_back(ids);
-      }
-  } else if (task->kind() == TaskKind::Generation) {
-    for (const auto& doc : task->generation_docs(options)) {
-      std::vector<int> ids = model.encode(doc.prompt, true);
-      cut_front(ids, window);
-      sequences.push_back(ids);
-    }
-  } else {
-    std::vector<int> ids = model.encode(read_text_file(data + "/text/tinystories_sample.txt"), true);
-    if (static_cast<int>(ids.size()) > window) ids.resize(window);
-    sequences.push_back(ids);
-  }
-  if (sequences.empty()) throw Error("task " + a.task + " gave no requests to analyse");
-  return sequences;
-}
-
-}  // namespace
-
-namespace {
-
-int run_analyze_once(AnalyzeArgs a, const std::string& data_override);
-
-// Each entry of the config's "analyze" list names an output subfolder and overrides
-// the command-line settings: text_file (relative to the data folder), task, limit,
-// shots, max_tokens, recall_policies, recall_budgets, deltas.
-int run_analyze_config(const AnalyzeArgs& base, const std::string& data_override) {
-  if (base.out.empty()) throw Error("analyze --config needs --out DIR");
-  const nlohmann::json config = read_json_file(base.config);
-  if (!config.contains("analyze") || !config["analyze"].is_array())
-    throw Error(base.config + ": no \"analyze\" list");
-  for (const auto& entry : config["analyze"]) {
-    AnalyzeArgs a = base;
-    a.config.clear();
-    try {
-      const std::string name = entry.at("name").get<std::string>();
-      a.out = (std::filesystem::path(base.out) / name).string();
-      a.text_file.clear();
-      a.tokens_file.clear();
-      if (entry.contains("text_file")) a.text_file = data_path(entry["text_file"].get<std::string>(), data_override);
-      a.task = entry.value("task", std::string());
-      constexpr long long kMost = std::numeric_limits<int>::max();
-      auto entry_int = [&](const char* key, int fallback, long long low) {
-        return entry.contains(key) ? static_cast<int>(json_int(entry[key], base.config + ": analyze entry \"" + name + "\"", key, low, kMost))
-                                   : fallback;
-      };
-      a.limit = entry_int("limit", a.limit, -1);
-      a.shots = entry_int("shots", a.shots, 0);
-      a.max_tokens = entry_int("max_tokens", a.max_tokens, 1);
-      if (entry.contains("recall_policies")) {
-        a.recall_policies.clear();
-        for (const auto& p : entry["recall_policies"]) a.recall_policies += (a.recall_policies.empty() ? "" : ",") + p.get<std::string>();
-      }
-      if (entry.contains("recall_budgets")) a.recall_budgets = entry["recall_budgets"].get<std::vector<double>>();
-      if (entry.contains("deltas")) {
-        if (!entry["deltas"].is_array()) throw Error(base.config + ": analyze entry \"" + name + "\": \"deltas\" must be a list of integers");
-        a.deltas.clear();
-        for (const auto& d : entry["deltas"])
-          a.deltas.push_back(static_cast<int>(json_int(d, base.config + ": analyze entry \"" + name + "\"", "deltas", 1, kMost)));
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(base.config + ": an \"analyze\" entry is malformed (" + json_error_message(e) + ")");
-    }
-    std::cerr << "analyze " << a.out << std::endl;
-    run_analyze_once(a, data_override);
-  }
-  return 0;
-}
-
-int run_analyze_once(AnalyzeArgs a, const std::string& data_override) {
-  if (a.text_file.empty() && a.tokens_file.empty() && a.task.empty())
-    throw Error("analyze needs --text-file, --tokens-file or --task");
-  if (a.format != "json" && a.format != "csv") throw Error("unknown --format \"" + a.format + "\" (use json or csv)");
-  if (!(a.heavy_k_ratio > 0 && a.heavy_k_ratio <= 1)) throw Error("--heavy-k-ratio must lie in (0, 1]");
-  for (int d : a.deltas)
-    if (d < 1) throw Error("--deltas: " + std::to_string(d) + " is not a positive step distance");
-  for (double b : a.recall_budgets)
-    if (!(b > 0 && b <= 1)) throw Error("--recall-budgets: " + std::to_string(b) + " is outside (0, 1]");
-  if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
-  if (!a.text_file.empty() + !a.tokens_file.empty() + !a.task.empty() > 1)
-    throw Error("analyze takes one of --text-file, --tokens-file or --task");
-  AnalyzeOptions options;
-  if (!a.recall_policies.empty())
-    options.recall_policies = a.recall_policies == "none" ? std::vector<std::string>{} : split_list(a.recall_policies);
-  for (const auto& name : options.recall_policies) make_policy(name, a.policy_options);  // unknown names fail here
-  options.recall_budgets = a.recall_budgets;
-  options.persistence_deltas = a.deltas;
-  options.persistence_k_ratio = a.heavy_k_ratio;
-  options.block_rows = a.block_rows;
-  options.policy_options = a.policy_options;
-  auto model = Model::load(a.model, a.runtime);
-  auto sequences = analyze_sequences(*model, a, data_dir(data_override));
-  AttentionAnalysis analysis = analyze_attention(*model, sequences, options);
-  nlohmann::json j = analysis.to_json(options);
-  j["model"] = a.model;
-  j["source"] = !a.text_file.empty() ? a.text_file : !a.tokens_file.empty() ? a.tokens_file : "task:" + a.task;
-  if (!a.out.empty()) {
-    std::filesystem::create_directories(a.out);
-    std::ofstream((std::filesystem::path(a.out) / "analysis.json").string()) << j.dump(2) << "\n";
-    std::ofstream((std::filesystem::path(a.out) / "analysis.csv").string()) << analysis.to_csv(options);
-    for (const auto& path : analysis.write_plots(options, (std::filesystem::path(a.out) / "plots").string()))
-      std::cerr << "wrote " << path << "\n";
-  }
-  if (a.format == "json")
-    std::cout << j.dump() << std::endl;
-  else
-    std::cout << analysis.to_csv(options);
-  return 0;
-}
-
-}  // namespace
-
-int run_analyze(const AnalyzeArgs& args, const std::string& data_override) {
-  if (!args.config.empty()) return run_analyze_config(args, data_override);
-  return run_analyze_once(args, data_override);
 }
 
 }  // namespace kvevict

@@ -6,10 +6,11 @@
 //   - persistence of heavy hitters: overlap of the top-k keys by accumulated attention
 //     at step t and at step t + delta;
 //   - attention recall: the share of full attention each policy's kept set holds, with
-//     the policy's LayerState run alongside full attention in every layer.
-// The model runs with full attention through ObservedAttention, which computes each
-// layer in blocks of query rows and hands every block's probabilities to the analysis
-// before dropping them: memory is O(heads x block x T), never [layers, heads, T, T].
+//     the policy run through the policy driver alongside full attention in every layer.
+// The model runs with full attention (FullAttention with an observer), which computes
+// each layer in blocks of query rows and hands every block to the analysis before
+// dropping it: memory is O(heads x block x T), never [layers, heads, T, T]. Under a
+// sliding window only the keys a query sees count.
 #pragma once
 #include <map>
 #include <nlohmann/json.hpp>
@@ -74,20 +75,5 @@ struct AttentionAnalysis {
 // Runs `model` with full attention over each sequence and collects the statistics.
 AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
                                     const AnalyzeOptions& options);
-
-// `kvevict analyze`: one text, tokens file or task, or with `config` every entry of a
-// config's "analyze" list.
-struct AnalyzeArgs {
-  std::string model, text_file, tokens_file, task, out, recall_policies, format = "json", config;
-  int max_tokens = 512, limit = 20, shots = 0, max_length = 1024, fewshot_seed = 42;
-  bool bos = false;
-  std::vector<double> recall_budgets = {0.1, 0.2, 0.3, 0.5};
-  std::vector<int> deltas = {1, 4, 16, 64};
-  double heavy_k_ratio = 0.1;
-  int block_rows = 256;
-  PolicyOptions policy_options;
-  ModelOptions runtime;
-};
-int run_analyze(const AnalyzeArgs& args, const std::string& data_override);
 
 }  // namespace kvevict

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -15,6 +16,7 @@
 
 #include "harness/model/architecture.h"
 #include "harness/common/atomic_file.h"
+#include "harness/common/config_reader.h"
 #include "harness/runtime/attention.h"
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
@@ -89,19 +91,25 @@ double mib(double bytes) { return bytes / (1 << 20); }
 
 // The roofline: the machine's GEMM peak (each dtype) and read bandwidth (each thread
 // count), then the forward, decode, sim-mode and memory phases as fractions of them.
-int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
-  const std::string model_dir = args.model_given ? args.model : config.value("model", args.model);
-  const int T = config.value("tokens", 1024);
-  const int steps = config.value("decode_steps", 32);
-  const int repeat = config.value("repeat", args.repeat);
-  const double budget = config.value("budget", 0.2);
-  if (!config.contains("sim_policies") || !config.contains("decode_policy"))
+int bench_policies(const BenchArgs& args, const ConfigObject& config) {
+  constexpr long long kMost = std::numeric_limits<int>::max();
+  const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
+  const int T = config.integer("tokens", 1024, 1, kMost);
+  const int steps = config.integer("decode_steps", 32, 1, kMost);
+  const int repeat = config.integer("repeat", args.repeat, 1, kMost);
+  const double budget = config.number("budget", 0.2, 0, 1);
+  if (!config.has("sim_policies") || !config.has("decode_policy"))
     throw Error(args.config + ": a policy benchmark needs \"sim_policies\" and \"decode_policy\"");
-  const auto policies = config["sim_policies"].get<std::vector<std::string>>();
-  const std::string decode_policy = config["decode_policy"].get<std::string>();
-  const auto dtypes = config.value("dtypes", std::vector<std::string>{args.runtime.options.dtype});
-  auto decode_threads = config.value("decode_threads", std::vector<int>{});
-  const int memory_tokens = config.value("memory_tokens", 0);
+  const auto policies = config.texts("sim_policies", {});
+  const std::string decode_policy = config.text("decode_policy", "");
+  const auto dtypes = config.texts("dtypes", {args.runtime.options.dtype});
+  if (dtypes.empty()) throw Error(config.name("dtypes") + " is empty");
+  auto decode_threads = config.integers("decode_threads", {}, 1, kMost);
+  const int memory_tokens = config.integer("memory_tokens", 0, 0, kMost);
+  const double bandwidth_mib = config.number("bandwidth_MiB", 1024, 1, 1 << 20);
+  const int decode_prefill = config.integer("decode_prefill", 16, 1, kMost);
+  const int decode_rounds = config.integer("decode_rounds", 5, 1, kMost);
+  const int decode_T = config.integer("decode_tokens", T, 1, kMost);
   const int threads = set_thread_count(args.runtime.options.threads);
   if (decode_threads.empty()) decode_threads.push_back(threads);
 
@@ -113,6 +121,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   auto t0 = Clock::now();
   auto model = Model::load(model_dir, fp32_options);
   const double load = seconds_since(t0);
+  use_threads_for(*model, threads);
   const ArchSpec& arch = model->arch();
   std::cout << "model " << model_dir << " (" << arch.model_type << ", " << arch.n_layers << " layers, hidden "
             << arch.hidden << ", " << arch.n_heads << " heads) " << dtypes.front() << " load_seconds " << load << std::endl;
@@ -136,7 +145,7 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   }
 
   // Roofline limits.
-  const double bandwidth_bytes = config.value("bandwidth_MiB", 1024) * double(1 << 20);
+  const double bandwidth_bytes = bandwidth_mib * double(1 << 20);
   auto probe = std::make_unique<BandwidthProbe>(static_cast<int64_t>(bandwidth_bytes));
   for (int n : decode_threads) {
     set_thread_count(n);
@@ -147,8 +156,6 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
   set_thread_count(threads);
 
   // Forward and decode per dtype, against that dtype's GEMM peak and the bandwidth.
-  const int decode_prefill = config.value("decode_prefill", 16);
-  const int decode_rounds = std::max(1, config.value("decode_rounds", 5));
   for (size_t i = 0; i < dtypes.size(); ++i) {
     std::unique_ptr<Model> other;
     if (i > 0) {
@@ -236,7 +243,6 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
 
   // Decode steps after a long prefill: the attention part under eviction vs the full cache.
   auto evicting = policy_with_budget(decode_policy);
-  const int decode_T = config.value("decode_tokens", T);
   auto decode_tokens = random_tokens(decode_T + steps, static_cast<int>(arch.vocab), 2);
   const StepTime full_step = decode_step_time(*model, *full, decode_tokens, decode_T, steps, repeat);
   const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
@@ -254,10 +260,11 @@ int bench_policies(const BenchArgs& args, const nlohmann::json& config) {
 
 // Encode speed of several tokenizers on the same texts, in one run: the first pass with
 // an empty word cache ("cold") and the best later pass ("warm").
-int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const std::string& data_dir) {
-  const std::string file = data_path(config.at("jsonl").get<std::string>(), data_dir);
-  const std::string field = config.value("field", std::string("text"));
-  const size_t limit = config.value("limit", size_t{1000});
+int bench_tokenizers(const BenchArgs& args, const ConfigObject& config, const std::string& data_override) {
+  if (!config.has("jsonl")) throw Error(config.name("jsonl") + " is required");
+  const std::string file = data_path(config.text("jsonl", ""), data_override);
+  const std::string field = config.text("field", "text");
+  const size_t limit = static_cast<size_t>(config.integer("limit", 1000, 1, std::numeric_limits<int>::max()));
   std::vector<std::string> texts;
   size_t bytes = 0;
   std::ifstream in(file);
@@ -269,8 +276,11 @@ int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const 
   }
   std::cout << std::fixed << std::setprecision(3) << "texts " << texts.size() << " bytes " << bytes << " from "
             << file << "\n";
-  for (const auto& [name, dir] : config.at("tokenizers").items()) {
-    auto tokenizer = load_tokenizer_for_model(data_path(dir.get<std::string>(), data_dir));
+  const nlohmann::json& tokenizers = config.raw("tokenizers");
+  if (!tokenizers.is_object()) throw Error(config.name("tokenizers") + " must be an object of name -> tokenizer folder");
+  for (const auto& [name, dir] : tokenizers.items()) {
+    if (!dir.is_string()) throw Error(config.name("tokenizers") + ": \"" + name + "\" must be a folder name");
+    auto tokenizer = load_tokenizer_for_model(data_path(dir.get<std::string>(), data_override));
     if (!tokenizer) throw Error(dir.get<std::string>() + ": no tokenizer files");
     size_t ids = 0;
     const auto encode_all = [&] {
@@ -286,17 +296,27 @@ int bench_tokenizers(const BenchArgs& args, const nlohmann::json& config, const 
   return 0;
 }
 
+// The keys of each kind of benchmark config; any other key is refused (a typo would
+// otherwise silently bench the default).
+const std::vector<std::string> kTokenizerBenchKeys = {"comment", "description", "jsonl", "field", "limit", "tokenizers"};
+const std::vector<std::string> kPolicyBenchKeys = {
+    "comment",        "description",   "model",       "tokens",        "decode_steps",   "repeat",
+    "budget",         "sim_policies",  "decode_policy", "dtypes",      "decode_threads", "memory_tokens",
+    "bandwidth_MiB",  "decode_prefill", "decode_rounds", "decode_tokens"};
+
 }  // namespace
 
-int run_bench(const BenchArgs& args, const std::string& data_dir) {
+int run_bench(const BenchArgs& args, const std::string& data_override) {
   if (!args.config.empty()) {
     const nlohmann::json config = read_json_file(args.config);
-    if (config.contains("tokenizers")) return bench_tokenizers(args, config, data_dir);
-    return bench_policies(args, config);
+    if (config.is_object() && config.contains("tokenizers"))
+      return bench_tokenizers(args, ConfigObject(config, args.config, kTokenizerBenchKeys), data_override);
+    return bench_policies(args, ConfigObject(config, args.config, kPolicyBenchKeys));
   }
   auto t0 = Clock::now();
   auto model = Model::load(args.model, args.runtime.options);
   const double load = seconds_since(t0);
+  use_threads_for(*model, args.runtime.options.threads);
   PolicyOptions none;
   auto full = make_policy(reference_policy_name(), none);
   const int vocab = static_cast<int>(model->arch().vocab);
@@ -347,34 +367,26 @@ int run_make_random_model(const RandomModelArgs& a) {
     throw Error("make-random-model: --out " + a.out + " is a file, not a folder");
   const bool qwen3 = a.arch == "qwen3";
   fs::create_directories(a.out);
-  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads;
-  const int64_t q = a.heads * hd, kv = a.kv_heads * hd, I = a.intermediate;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {{"model.embed_tokens.weight", {a.vocab, D}}};
-  for (int i = 0; i < a.layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    tensors.push_back({p + "input_layernorm.weight", {D}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {q, D}});
-    tensors.push_back({p + "self_attn.k_proj.weight", {kv, D}});
-    tensors.push_back({p + "self_attn.v_proj.weight", {kv, D}});
-    tensors.push_back({p + "self_attn.o_proj.weight", {D, q}});
-    if (qwen3) {
-      tensors.push_back({p + "self_attn.q_norm.weight", {hd}});
-      tensors.push_back({p + "self_attn.k_norm.weight", {hd}});
-    }
-    tensors.push_back({p + "post_attention_layernorm.weight", {D}});
-    tensors.push_back({p + "mlp.gate_proj.weight", {I, D}});
-    tensors.push_back({p + "mlp.up_proj.weight", {I, D}});
-    tensors.push_back({p + "mlp.down_proj.weight", {D, I}});
-  }
-  tensors.push_back({"model.norm.weight", {D}});
-  tensors.push_back({"lm_head.weight", {a.vocab, D}});
+  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads, I = a.intermediate;
+  const nlohmann::json config = {
+      {"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", a.arch}, {"head_dim", hd},
+      {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
+      {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
+      {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
+      {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+      {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
+      {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
+  // The tensors are the ones the architecture's row lists for this config, in its order.
+  const std::string config_path = (fs::path(a.out) / "config.json").string();
+  const ArchSpec arch = describe_architecture(config, config_path, [](const std::string&) { return true; });
 
   nlohmann::json header;
   size_t offset = 0;
-  for (auto& [name, shape] : tensors) {
+  for (const TensorSpec& tensor : arch.tensors) {
     size_t n = 1;
-    for (auto d : shape) n *= d;
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + n * 4}}};
+    for (auto d : tensor.shape) n *= d;
+    header[tensor.name] = {{"dtype", "F32"}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + n * 4}}};
     offset += n * 4;
   }
   std::string text = header.dump();
@@ -388,9 +400,9 @@ int run_make_random_model(const RandomModelArgs& a) {
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(text.data(), text.size());
   torch::manual_seed(a.seed);
-  for (auto& [name, shape] : tensors) {
-    bool is_norm = name.find("norm") != std::string::npos;
-    auto t = is_norm ? torch::ones(shape) : torch::randn(shape) * 0.02;
+  for (const TensorSpec& tensor : arch.tensors) {
+    const bool is_norm = tensor.name.find("norm") != std::string::npos;
+    auto t = is_norm ? torch::ones(tensor.shape) : torch::randn(tensor.shape) * 0.02;
     t = t.contiguous();
     out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
   }
@@ -400,15 +412,7 @@ int run_make_random_model(const RandomModelArgs& a) {
     throw Error(weights_path + ": cannot write the weights (disk full?)");
   }
   publish_file(temporary, weights_path);
-  nlohmann::json config = {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
-                           {"model_type", a.arch}, {"head_dim", hd},
-                           {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
-                           {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
-                           {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
-                           {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
-                           {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
-                           {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
-  write_file_atomically((fs::path(a.out) / "config.json").string(), config.dump(2) + "\n");
+  write_file_atomically(config_path, config.dump(2) + "\n");
   std::cout << "wrote " << a.out << " (" << offset / (1 << 20) << " MiB of F32 weights)\n";
   return 0;
 }

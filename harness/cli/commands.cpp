@@ -13,13 +13,13 @@
 #include "harness/common/files.h"
 #include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
-#include "policies/option_checks.h"
 
 namespace kvevict {
 int run_generate(const GenerateArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
+  use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
-  check_budget_keeps_a_token(*policy, model->arch().max_positions, "--budget");
+  policy->check_keeps_a_token(model->arch().max_positions);
   std::vector<int> prompt = model->encode(args.prompt, true);
   if (prompt.empty()) throw Error("the prompt is empty and the model has no BOS token to start from");
   GenerateOptions options;
@@ -50,8 +50,9 @@ int run_generate(const GenerateArgs& args) {
 
 int run_perplexity(const PerplexityArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
+  use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
-  check_budget_keeps_a_token(*policy, model->arch().max_positions, "--budget");
+  policy->check_keeps_a_token(model->arch().max_positions);
   std::vector<int> tokens;
   if (!args.tokens_file.empty()) {
     tokens = read_tokens_file(args.tokens_file);

@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every refused flag exits 1, as every other error
+    // (CLI11's own codes, 105 to 114, are not the one README promises).
+    return app.exit(e) == 0 ? 0 : 1;
   }
   try {
     set_thread_count(0);  // all physical cores unless --threads says otherwise

@@ -56,6 +56,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   const std::string& data_override = at.data_override;
   if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
   auto model = Model::load(a.model, a.runtime.options);
+  use_threads_for(*model, a.runtime.options.threads);
   EvalConfig config;
   config.task = a.task;
   config.task_options.data_dir = data_dir(data_override);

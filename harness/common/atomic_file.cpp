@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "harness/common/errors.h"
+#include "harness/common/kill_points.h"
 
 namespace kvevict {
 namespace fs = std::filesystem;
@@ -33,6 +34,7 @@ std::string temporary_path_beside(const std::string& path) {
 }
 
 void publish_file(const std::string& temporary, const std::string& path) {
+  kill_point("publish-before-rename");  // the new file is complete; `path` still the old one
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string message = system_error(path + ": cannot rename " + temporary + " over it");
     std::remove(temporary.c_str());

@@ -7,13 +7,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 
 #include "harness/common/errors.h"
 
 namespace kvevict {
 
-FolderLock::FolderLock(const std::string& dir, bool wait) {
+FolderLock::FolderLock(const std::string& dir, bool wait, const std::function<void(const std::string&)>& waiting) {
   const std::string path = (std::filesystem::path(dir) / ".kvevict.lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(path + ": cannot create the folder's lock file (" + std::strerror(errno) + ")");
@@ -29,7 +28,7 @@ FolderLock::FolderLock(const std::string& dir, bool wait) {
       throw Error(dir + ": another kvevict process" + who +
                   " is writing to this folder; wait for it to finish, or pass --wait");
     }
-    std::cerr << "waiting for another kvevict process" << who << " to release " << dir << std::endl;
+    if (waiting) waiting("waiting for another kvevict process" + who + " to release " + dir);
     while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
     }
   }

@@ -3,6 +3,7 @@
 // a resume does). It is flock(2) on DIR/.kvevict.lock: the kernel drops it when the
 // process ends, however it ends, so a kill -9 never leaves a stale lock behind.
 #pragma once
+#include <functional>
 #include <string>
 
 namespace kvevict {
@@ -10,8 +11,9 @@ namespace kvevict {
 class FolderLock {
  public:
   // Locks `dir` (which must exist). Without `wait`, a folder another process holds is a
-  // kvevict::Error naming the folder and that process; with it, this call blocks until free.
-  FolderLock(const std::string& dir, bool wait);
+  // kvevict::Error naming the folder and that process; with it, this call tells
+  // `waiting` (a line naming both) and blocks until the folder is free.
+  FolderLock(const std::string& dir, bool wait, const std::function<void(const std::string&)>& waiting = {});
   ~FolderLock();
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;

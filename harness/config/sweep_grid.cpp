@@ -5,10 +5,11 @@
 #include <set>
 #include <sstream>
 
+#include "harness/common/config_reader.h"
+#include "harness/common/dtype_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/config/policy_options_json.h"
-#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -70,15 +71,22 @@ std::string row_cell_key(const ResultRow& row) {
 
 std::string SweepCell::key() const { return row_cell_key(identity_row(model, eval)); }
 
-namespace {
-std::string cell_label_of(const SweepCell& cell) {
-  auto f = identity_row(cell.model, cell.eval).fields();
-  std::string label = "task=" + f["task"] + " policy=" + f["policy"];
-  for (const char* column : {"budget", "budget_tokens", "heavy_share"})
-    if (!f[column].empty()) label += std::string(" ") + column + "=" + f[column];
-  return label + " shots=" + f["shots"] + " seed=" + f["seed"];
+const std::vector<std::string>& sweep_config_keys() {
+  static const std::vector<std::string> keys = {
+      "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares", "protocols",
+      "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options", "predictions", "note",
+      "temperature", "file_order", "slurm", "device", "dtype", "pipelines", "pipeline", "greedy",
+      "analyze"};  // "analyze": run by `kvevict analyze --config`
+  return keys;
 }
-}  // namespace
+
+std::string cell_label(const SweepCell& cell) {
+  const auto fields = identity_row(cell.model, cell.eval).fields();
+  std::string label;
+  for (const auto& column : label_columns())
+    if (!fields.at(column).empty()) label += (label.empty() ? "" : " ") + column + "=" + fields.at(column);
+  return label;
+}
 
 std::map<std::string, std::string> cell_identity(const SweepCell& cell) {
   return identity_row(cell.model, cell.eval).fields();
@@ -103,7 +111,7 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
     if (seen.insert(cell.key()).second) {
       unique.push_back(std::move(cell));
     } else {
-      plan.skipped.push_back("duplicate cell " + cell_label_of(cell) + ": listed twice in the config, run once");
+      plan.skipped.push_back("duplicate cell " + cell_label(cell) + ": listed twice in the config, run once");
     }
   }
   plan.cells = std::move(unique);
@@ -113,21 +121,19 @@ SweepPlan expand_sweep(const nlohmann::json& config, const std::string& path, co
 namespace {
 SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& path, const std::string& data_dir) {
   if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
-  static const std::set<std::string> known = {
-      "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares",
-      "protocols", "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options",
-      "predictions", "note", "temperature", "file_order", "slurm", "device", "dtype", "pipelines",
-      "pipeline", "greedy",
-      "analyze"};  // "analyze": run by `kvevict analyze --config`
-  for (auto& [key, _] : config.items())
-    if (!known.count(key)) throw Error(path + ": unknown key \"" + key + "\"");
-  for (const char* key : {"predictions", "greedy", "bos"})
-    if (config.contains(key) && !config[key].is_boolean())
-      throw Error(path + ": key \"" + key + "\" has the wrong type (true or false is needed, not " +
-                  config[key].dump() + ")");
+  const ConfigObject keys(config, path, sweep_config_keys());
+  for (const char* key : {"predictions", "greedy", "bos"}) keys.flag(key, false);
   SweepPlan plan;
   plan.config = config;
   plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
+  // The model options every cell uses fail here, before a cell runs or a job is submitted.
+  plan.device = keys.text("device", plan.device);
+  plan.dtype = keys.text("dtype", plan.dtype);
+  try {
+    parse_dtype_name(plan.dtype);
+  } catch (const Error& e) {
+    throw Error(keys.name("dtype") + ": " + e.what());
+  }
   auto models = axis<std::string>(config, path, "models", {"models/stories260K-hf"});
   auto tasks = axis<std::string>(config, path, "tasks", {});
   if (tasks.empty()) throw Error(path + ": \"tasks\" is required");
@@ -166,14 +172,19 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                   " must be a positive number of documents (or -1 for all)");
     return limit;
   };
-  for (double b : budgets) {
-    if (!(b > 0 && b <= 1)) throw Error(path + ": budget " + std::to_string(b) + " is outside (0, 1]");
-    check_budget_ratio_keeps_a_token(b, path + ": key \"budgets\":");
-  }
-  for (int t : budget_tokens)
-    if (t <= 0) throw Error(path + ": budget_tokens " + std::to_string(t) + " must be positive");
+  // The budget rules of policies/budget.h, naming this file's keys.
+  auto check_budget = [&](BudgetSpec spec) {
+    spec.keys = &kSweepBudgetKeys;
+    try {
+      check_budget_spec(spec);
+    } catch (const Error& e) {
+      throw Error(path + ": " + e.what());
+    }
+  };
+  for (double b : budgets) check_budget(BudgetSpec{b});
+  for (int t : budget_tokens) check_budget(BudgetSpec{-1, t});
   for (double s : shares)
-    if (s != -1.0 && (s < 0 || s > 1)) throw Error(path + ": heavy share " + std::to_string(s) + " is outside [0, 1]");
+    if (s != -1.0) check_budget(BudgetSpec{-1, -1, s});
 
   PolicyOptions base_options;
   if (config.contains("policy_options")) base_options.params = read_policy_options(config["policy_options"], path);
@@ -226,6 +237,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.policy = policy;
                 e.policy_options = base_options;
                 set_run_seed(e.policy_options.params, made->parameters(), seed);
+                e.policy_options.budget.keys = &kSweepBudgetKeys;
                 e.policy_options.budget.ratio = b.ratio;
                 e.policy_options.budget.tokens = b.tokens;
                 e.policy_options.budget.heavy_share = share;

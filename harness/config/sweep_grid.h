@@ -25,17 +25,25 @@ struct SweepPlan {
   nlohmann::json config;         // the config as given (with overrides applied)
   std::vector<SweepCell> cells;  // in a fixed order
   std::vector<std::string> skipped;  // combinations that cannot run, and why
+  std::string device = "cpu";        // the config's "device": "cuda" runs the cells on a GPU
+  std::string dtype = "float32";     // the config's "dtype", a known name
 };
 
 // Expands a sweep config; throws kvevict::Error naming the config file and key.
 SweepPlan expand_sweep(const nlohmann::json& config, const std::string& config_path,
                        const std::string& data_dir);
 
+// The keys a sweep config may hold (any other is refused).
+const std::vector<std::string>& sweep_config_keys();
+
 // Parses "i/N" (0 <= i < N).
 std::pair<int, int> parse_shard(const std::string& text);
 
 // The identity of the cell a row belongs to (same as SweepCell::key()).
 std::string row_cell_key(const ResultRow& row);
+// "task=copa policy=h2o budget=0.2 ...": the cell in one line (progress, failures),
+// its label columns (label_columns()) that apply to it.
+std::string cell_label(const SweepCell& cell);
 // The cell's identity columns as results.csv writes them (outcome columns empty).
 std::map<std::string, std::string> cell_identity(const SweepCell& cell);
 

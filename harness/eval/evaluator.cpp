@@ -10,7 +10,6 @@
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/request_workers.h"
-#include "policies/option_checks.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -208,8 +207,7 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
     throw Error("max length " + std::to_string(config.max_length) + " must be at least 2 tokens");
   config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
   // No request is longer than the model's context, so a ratio that keeps 0 tokens there never keeps one.
-  check_budget_keeps_a_token(*make_policy(config.policy, config.policy_options), model.arch().max_positions,
-                             "--budget");
+  make_policy(config.policy, config.policy_options)->check_keeps_a_token(model.arch().max_positions);
   const int limit = config.task_options.limit;
   if (limit == 0 || limit < -1)
     throw Error("limit must be a positive number of documents (or -1 for all), got " + std::to_string(limit));

@@ -1,6 +1,6 @@
 // An architecture is data: which blocks a decoder layer has, how they are wired, and
 // the Hugging Face tensor names and shapes that feed them. One shared decoder loop
-// (decoder.cpp) runs every architecture; the files arch_*.cpp only describe.
+// (Model::forward in model.cpp) runs every architecture; the files arch_*.cpp only describe.
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>

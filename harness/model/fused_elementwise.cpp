@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -144,6 +145,24 @@ torch::Tensor rotate_half(const torch::Tensor& x, const torch::Tensor& cos, cons
   if (fused_elementwise_supported(x, cos) && sin.scalar_type() == cos.scalar_type() && angles_per_token)
     return rotate_half_fused(x, cos, sin, rotary_dim);
   return rotate_half_aten(x, cos, sin, rotary_dim);
+}
+
+torch::Tensor elementwise_in_chunks(const torch::Tensor& x, const std::function<torch::Tensor(const torch::Tensor&)>& op) {
+  if (!x.device().is_cpu()) return op(x);
+  if (x.scalar_type() == torch::kFloat16)  // LibTorch's CPU kernels lack float16: float32, rounded once
+    return elementwise_in_chunks(x.to(torch::kFloat32), op).to(torch::kFloat16);
+  const torch::Tensor flat = x.contiguous().view(-1);
+  const int64_t n = flat.numel();
+  if (n <= kElementwiseChunk) return op(flat).view(x.sizes());
+  torch::Tensor out = torch::empty_like(flat);  // [n]
+  const int64_t chunks = (n + kElementwiseChunk - 1) / kElementwiseChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t first = c * kElementwiseChunk, length = std::min(kElementwiseChunk, n - first);
+      out.narrow(0, first, length).copy_(op(flat.narrow(0, first, length)));
+    }
+  });
+  return out.view(x.sizes());
 }
 
 }  // namespace kvevict

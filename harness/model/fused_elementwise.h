@@ -1,6 +1,6 @@
 // RMSNorm and rotate-half RoPE: the textbook ATen expressions, and each as one loop
 // over the elements with the same bits. A decode step runs them on one row, where every
-// ATen op costs its dispatch and not its arithmetic (issue 14: in a bfloat16 decode step
+// ATen op costs its dispatch and not its arithmetic (in a bfloat16 decode step
 // of the 12 x 768 model their six to eight ops each were 7% of the time, for 768 numbers).
 //
 // The loops put each element through the same IEEE operations in the same order,
@@ -9,7 +9,9 @@
 // mean of squares, is still ATen's own, whose summation order depends on the CPU.
 // tests/test_fused_elementwise.cpp compares the two bit for bit.
 #pragma once
-#include <torch/torch.h>
+#include <functional>
+
+#include "harness/model/tensor.h"
 
 namespace kvevict {
 
@@ -32,5 +34,16 @@ torch::Tensor rotate_half_aten(const torch::Tensor& x, const torch::Tensor& cos,
                                int64_t rotary_dim);
 torch::Tensor rotate_half_fused(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                 int64_t rotary_dim);
+
+// op(x) for an element-wise ATen op whose vectorised and scalar loops round differently
+// (silu, gelu, cos, sin: Sleef's functions against libm's). Above its grain ATen splits a
+// tensor's elements over the threads at points that depend on the thread count, which
+// moves elements between the two loops: silu of a [400, 172] block changed 1 to 3
+// outputs between one thread and three. Here x's elements go in chunks of
+// kElementwiseChunk, fixed by the size alone, each one serial ATen call, the chunks
+// spread over the threads. Returns x's shape, contiguous. A float16 x (which LibTorch's
+// CPU kernels lack) is computed in float32 and rounded once.
+constexpr int64_t kElementwiseChunk = 16384;  // below ATen's grain (32768): one serial loop
+torch::Tensor elementwise_in_chunks(const torch::Tensor& x, const std::function<torch::Tensor(const torch::Tensor&)>& op);
 
 }  // namespace kvevict

@@ -1,10 +1,10 @@
-// One-row matrix-vector products for batch-1 decode on the CPU (issue 14). A decode
+// One-row matrix-vector products for batch-1 decode on the CPU. A decode
 // step is bound by reading the weights once; torch::linear on one bf16 row (oneDNN)
 // and torch::mv reach about half and two thirds of the read bandwidth here, this
 // kernel reaches it: each weight row is one sequential stream, widened to float32 and
 // accumulated in float32, and threads split the output rows.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 namespace kvevict {
 

@@ -1,10 +1,12 @@
 #include "harness/model/model.h"
 
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 
-#include "harness/common/enum_names.h"
+#include "harness/common/dtype_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/common/text.h"
@@ -13,41 +15,41 @@
 #include "harness/model/model_check.h"
 #include "harness/model/rope.h"
 #include "harness/model/threads.h"
+#include "harness/model/tiled_linear.h"
 
 namespace kvevict {
 namespace {
 
-const EnumName<torch::ScalarType> kDtypeNames[] = {
-    {torch::kFloat32, "float32"},  {torch::kFloat32, "fp32"},  {torch::kBFloat16, "bfloat16"},
-    {torch::kBFloat16, "bf16"},    {torch::kFloat16, "float16"}, {torch::kFloat16, "fp16"},
-    {torch::kFloat64, "float64"},  {torch::kFloat64, "fp64"}};  // float64: reference checks
-
 // Weights from this size up stream from memory in a decode step; matvec() reads them at
-// the bandwidth. Smaller ones (every test model) keep the library paths and their
-// exact numbers: the bf16 greedy-agreement test pins a measured count that any change
-// of rounding moves, better or worse (where matvec and oneDNN differed on the test models,
-// matvec was the correctly rounded one in 32 of 37 outputs).
+// the bandwidth. Smaller ones (every test model) keep the library paths.
 constexpr int64_t kMatvecMinWeightBytes = int64_t{1} << 20;
 
 // x [t, in] through weight [out, in] (+ bias). One row on the CPU is a matrix-vector
-// product: sgemm would pack the whole weight matrix for that single row (issue 14).
-// Large float32 and bfloat16 weights use matvec(); otherwise float32/float64 use
-// torch::mv, bfloat16/float16 torch::linear (oneDNN).
+// product: sgemm would pack the whole weight matrix for that single row.
+// Large float32 and bfloat16 weights use matvec(); everything else tiled_linear(), whose
+// numbers, like matvec()'s, do not depend on the thread count.
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
-  const auto type = x.scalar_type();
   if (x.dim() == 2 && x.size(0) == 1 && weight.nbytes() >= kMatvecMinWeightBytes &&
       matvec_supported(weight, x, bias))
     return matvec(weight, x, bias);
-  if (x.dim() == 2 && x.size(0) == 1 && x.device().is_cpu() && (type == torch::kFloat32 || type == torch::kFloat64)) {
-    auto y = bias.defined() ? torch::addmv(bias, weight, x[0]) : torch::mv(weight, x[0]);
-    return y.unsqueeze(0);
-  }
-  return torch::linear(x, weight, bias);
+  return tiled_linear(x, weight, bias);
+}
+
+torch::Tensor silu_in_chunks(const torch::Tensor& x) {
+  return elementwise_in_chunks(x, [](const torch::Tensor& c) { return torch::silu(c); });
 }
 
 }  // namespace
 
-torch::ScalarType parse_dtype(const std::string& name) { return parse_enum(kDtypeNames, "dtype", name); }
+torch::ScalarType parse_dtype(const std::string& name) {
+  switch (parse_dtype_name(name)) {
+    case DtypeName::Float32: return torch::kFloat32;
+    case DtypeName::BFloat16: return torch::kBFloat16;
+    case DtypeName::Float16: return torch::kFloat16;
+    case DtypeName::Float64: return torch::kFloat64;
+  }
+  throw Error("unknown dtype \"" + name + "\"");
+}
 
 torch::Device parse_device(const std::string& name) {
   if (name == "cpu") return torch::kCPU;
@@ -59,6 +61,16 @@ torch::Device parse_device(const std::string& name) {
   throw Error("unknown device \"" + name + "\" (use cpu or cuda)");
 }
 
+bool Model::runs_ops_on_one_thread() const { return arch_.hidden < 256; }
+
+void use_threads_for(const Model& model, int threads) {
+  if (threads > 0) set_thread_count(threads);
+  if (model.runs_ops_on_one_thread())
+    use_one_thread_for_tiny_model();
+  else
+    restore_threads_after_tiny_model();  // what a tiny model loaded before set aside, unless --threads chose
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& options) {
   namespace fs = std::filesystem;
   auto started = std::chrono::steady_clock::now();
@@ -66,7 +78,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   model->dir_ = dir;
   model->device_ = parse_device(options.device);
   model->dtype_ = parse_dtype(options.dtype);
-  if (options.threads > 0) set_thread_count(options.threads);  // else the process default (main: all cores)
 
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
@@ -79,13 +90,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   const ArchSpec& arch = model->arch_;
   // A tiny model's ops are too small to split: an OpenMP team costs more than it saves
   // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine). Its
-  // threads run whole requests instead, each op on one thread, so no number changes.
-  if (arch.hidden < 256) {
+  // threads run whole requests instead, each op on one thread (use_threads_for), so no
+  // number changes.
+  if (model->runs_ops_on_one_thread())
     model->request_workers_ = options.threads > 0 ? options.threads : physical_core_count();
-    use_one_thread_for_tiny_model();
-  } else {
-    restore_threads_after_tiny_model();  // what a tiny model loaded before set aside, unless --threads chose
-  }
 
   check_tensors_match_config(arch, weights, dir);
   model->layers_.resize(arch.n_layers);
@@ -131,10 +139,11 @@ torch::Tensor Model::norm(const torch::Tensor& x, const torch::Tensor& w, const 
 
 torch::Tensor Model::activation(const torch::Tensor& x) const {
   switch (arch_.activation) {
-    case Activation::SiLU: return torch::silu(x);
-    case Activation::ReLU: return torch::relu(x);
-    case Activation::GeluExact: return torch::gelu(x);
-    case Activation::GeluTanh: return torch::gelu(x, "tanh");
+    case Activation::SiLU: return silu_in_chunks(x);
+    case Activation::ReLU: return torch::relu(x);  // exact either way
+    case Activation::GeluExact: return elementwise_in_chunks(x, [](const torch::Tensor& c) { return torch::gelu(c); });
+    case Activation::GeluTanh:
+      return elementwise_in_chunks(x, [](const torch::Tensor& c) { return torch::gelu(c, "tanh"); });
   }
   return x;
 }
@@ -180,11 +189,10 @@ torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h) const {
   if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
     auto gate_up = project(h, W(Role::GateUpWeight));
     const int64_t F = arch_.intermediate;
-    return project(torch::silu(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
+    return project(silu_in_chunks(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
   }
   if (arch_.mlp == MlpKind::SwiGLU)
-    return project(torch::silu(project(h, W(Role::GateWeight))) * project(h, W(Role::UpWeight)),
-                         W(Role::DownWeight));
+    return project(silu_in_chunks(project(h, W(Role::GateWeight))) * project(h, W(Role::UpWeight)), W(Role::DownWeight));
   return project(activation(project(h, W(Role::Fc1Weight), W(Role::Fc1Bias))),
                        W(Role::Fc2Weight), W(Role::Fc2Bias));
 }
@@ -214,8 +222,8 @@ torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
     const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t) : inv_freq_;
     auto freqs = torch::outer(positions.to(torch::kFloat32), inv_freq);
     auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
-    cos = emb.cos().unsqueeze(1).to(device_, dtype_);
-    sin = emb.sin().unsqueeze(1).to(device_, dtype_);
+    cos = elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.cos(); }).unsqueeze(1).to(device_, dtype_);
+    sin = elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.sin(); }).unsqueeze(1).to(device_, dtype_);
   }
 
   attention.set_sliding_window(arch_.sliding_window);

@@ -2,7 +2,7 @@
 // One decoder loop serves every architecture (see architecture.h); attention is
 // delegated to an AttentionBackend, the single place where eviction happens.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <array>
 #include <memory>
@@ -18,7 +18,8 @@ namespace kvevict {
 struct ModelOptions {
   std::string device = "cpu";    // "cpu" or "cuda[:N]"
   std::string dtype = "float32";  // "float32", "bfloat16", "float16" (or "float64" for checks)
-  int threads = 0;                // CPU threads for the math libraries (0: keep the process's setting)
+  int threads = 0;                // --threads for the math libraries (0: keep the process's setting);
+                                  // the caller applies it (use_threads_for), never Model::load
 };
 
 torch::ScalarType parse_dtype(const std::string& name);
@@ -43,7 +44,8 @@ class AttentionBackend {
 
 class Model {
  public:
-  // Throws kvevict::Error naming the file or tensor at fault.
+  // Throws kvevict::Error naming the file or tensor at fault. Changes no process-wide
+  // setting: the caller sets the threads (use_threads_for).
   static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& options = {});
 
   const ArchSpec& arch() const { return arch_; }
@@ -55,9 +57,10 @@ class Model {
   torch::ScalarType dtype() const { return dtype_; }
   double load_seconds() const { return load_seconds_; }
   // How many whole requests an evaluation may run at once: 1, unless the model's ops are
-  // too small to split (hidden < 256), when each op runs on one thread and the threads
-  // (--threads, default all physical cores) take one request each instead.
+  // too small to split, when each op runs on one thread and the threads (--threads,
+  // default all physical cores) take one request each instead.
   int request_workers() const { return request_workers_; }
+  bool runs_ops_on_one_thread() const;  // hidden < 256
 
   // Text to ids, with BOS first when the model uses one and `add_bos` is set.
   std::vector<int> encode(const std::string& text, bool add_bos) const;
@@ -88,5 +91,12 @@ class Model {
   double load_seconds_ = 0;
   int request_workers_ = 1;
 };
+
+// Sets the process's math-library threads for running `model`: `threads` (> 0: --threads)
+// first; then a tiny model (runs_ops_on_one_thread) runs each op on one thread, setting
+// aside the count it replaces, and a bigger model loaded after it without --threads gets
+// that count back (a sweep over several models in one process). The CLI and the sweep
+// call it after Model::load.
+void use_threads_for(const Model& model, int threads);
 
 }  // namespace kvevict

@@ -2,7 +2,7 @@
 // modeling_rope_utils.py that kvevict implements: default, linear, dynamic (NTK) and
 // llama3 (Llama-3.1). Anything else is refused when config.json is read.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <nlohmann/json.hpp>
 #include <string>

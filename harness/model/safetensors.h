@@ -3,7 +3,7 @@
 // or shards behind pytorch_model.bin.index.json; see pytorch_checkpoint.h). Tensors
 // are views of the mapping until converted.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <map>
 #include <memory>

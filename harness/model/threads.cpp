@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <omp.h>
 #include <sched.h>
 
 #include <fstream>
@@ -74,5 +75,10 @@ void restore_threads_after_tiny_model() {
   if (threads_before_tiny_model > 0) apply_thread_count(threads_before_tiny_model);
   threads_before_tiny_model = 0;
 }
+
+// OpenMP's thread count is per calling thread, and Debian's OpenBLAS (the OpenMP build)
+// reads it at every call.
+BlasOnThisThread::BlasOnThisThread() : threads_before_(omp_get_max_threads()) { omp_set_num_threads(1); }
+BlasOnThisThread::~BlasOnThisThread() { omp_set_num_threads(threads_before_); }
 
 }  // namespace kvevict

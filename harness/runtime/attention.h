@@ -1,25 +1,29 @@
 // The eviction hook: the attention backends of the two execution modes.
-//   FullAttention   plain causal attention (no policy);
-//   SimAttention    one teacher-forced pass; each logits row is masked by the
-//                   policy's current keep-set and the policy observes the masked
-//                   softmax (or, for sim-only policies, computes the layer itself);
-//   CacheAttention  a real KV cache; the policy observes each query's attention and
-//                   evicted K/V are physically removed.
+//   FullAttention   plain causal attention (no policy), optionally observed block by
+//                   block (analyze);
+//   SimAttention    one teacher-forced pass; a realisable policy's rows go through the
+//                   policy driver over the logits by position; a sim-only policy
+//                   computes the layer itself;
+//   CacheAttention  a real KV cache; a realisable policy's rows go through the policy
+//                   driver over the cache rows, and evicted K/V are physically removed.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "harness/model/model.h"
+#include "harness/runtime/policy_driver.h"
 #include "policies/policy.h"
 
 namespace kvevict {
 
 // What the cache held, for reports.
 struct KvStats {
-  std::vector<int> kept_per_layer;     // tokens per KV head at the end
+  std::vector<int> kept_per_layer;     // tokens per KV head at the end (most over the heads)
   std::vector<int> max_per_layer;      // most tokens per KV head at any moment
+  std::vector<std::vector<int>> kept_per_head;  // [layer][KV head]: tokens at the end
   int64_t peak_bytes = 0;              // sum over layers of each layer's peak K+V bytes
   // The model's sliding window (0: none). With one, the last query of a layer sees only
   // visible_per_layer of the kept tokens (at most the window), so a budget above the
@@ -28,10 +32,26 @@ struct KvStats {
   std::vector<int> visible_per_layer;  // keys the last query could attend to (most over KV heads)
 };
 
+// Sees each block of query rows of full attention: queries first .. first+rows-1 of
+// `layer` over keys 0 .. n-1; k the layer's keys [T, n_kv, head_dim]; logits the scaled
+// logits before the softmax and probs the attention, both [n_q, rows, n] in the
+// accumulation type (float32, float64 for float64).
+using AttentionObserver =
+    std::function<void(int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k,
+                       const torch::Tensor& logits, const torch::Tensor& probs)>;
+
 class FullAttention : public AttentionBackend {
  public:
+  FullAttention() = default;
+  // block_rows: query rows per block (0: chosen from the size).
+  FullAttention(AttentionObserver observer, int64_t block_rows)
+      : observer_(std::move(observer)), block_rows_(block_rows) {}
   torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v, int64_t start) override;
+
+ private:
+  AttentionObserver observer_;
+  int64_t block_rows_ = 0;
 };
 
 class SimAttention : public AttentionBackend {
@@ -42,11 +62,11 @@ class SimAttention : public AttentionBackend {
   const KvStats& stats() const { return stats_; }
 
  private:
-  // Attention output [T, Hq*d] under a realisable policy, Scalar the accumulation type.
-  template <typename Scalar>
+  // Attention output [T, Hq*d] under a realisable policy.
   torch::Tensor simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v);
-  const Model& model_;
+  torch::Tensor simulate_sim_only(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v);
   const Policy& policy_;
   SequenceShape shape_;
   KvStats stats_;
@@ -60,6 +80,7 @@ class CacheAttention : public AttentionBackend {
   torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v, int64_t start) override;
   const KvStats& stats() const { return stats_; }
+  // Rows of K/V the layer holds now (most over its KV heads).
   int64_t cached_tokens(int layer) const;
   // Bytes of K/V memory the cache holds now (allocated rows, all layers).
   int64_t held_bytes() const;
@@ -68,20 +89,23 @@ class CacheAttention : public AttentionBackend {
 
  private:
   struct LayerCache {
-    torch::Tensor key_buffer, value_buffer;  // [n_kv_heads, capacity, head_dim]
-    int64_t size = 0;                         // rows in use
-    std::vector<std::vector<int>> rows;       // per KV head: cache row of each policy slot
-    std::vector<std::vector<int64_t>> row_positions;  // per KV head: position of each row (sliding window only)
-    std::unique_ptr<LayerState> state;
+    // [n_kv_heads, capacity, head_dim]. Without a policy, rows 0 .. size-1 hold positions
+    // 0 .. size-1; with one, KV head h holds its driver's slots in rows 0 .. slots(h)-1 in
+    // any order (the driver knows which row holds which slot). Unused rows are finite
+    // (zero-filled), since they meet a probability of 0 in the value product.
+    torch::Tensor key_buffer, value_buffer;
+    int64_t size = 0;                     // without a policy: rows in use
+    std::unique_ptr<PolicyDriver> driver;  // null without a policy
+    int64_t peak_bytes = 0;               // with a policy: the largest K+V bytes so far
   };
-  void evict(LayerCache& cache, const std::vector<std::vector<int>>& keep);
-  torch::Tensor window_mask(LayerCache& cache, int64_t start, int64_t t, int layer);
-  const Model& model_;
+  torch::Tensor attend_full(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v);
+  torch::Tensor attend_evicting(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, int64_t start);
   const Policy& policy_;
   SequenceShape shape_;
   std::vector<LayerCache> layers_;
   KvStats stats_;
-  std::vector<float> row_buffer_;
   double attention_seconds_ = 0;
 };
 

@@ -2,7 +2,7 @@
 // skips the keys a query cannot see. ATen's softmax runs over every key of every row:
 // in a block whose keys end at its last query, half the exponentials are of -inf. On
 // stories260K's short RTE requests that softmax was 39% of the forward (perf), and
-// Sleef's exp alone 16% of the run (issue 14).
+// Sleef's exp alone 16% of the run.
 //
 // Bits: ATen's float32 softmax over a row is a lane-wise maximum, exp(x - max) per
 // element (Sleef), a lane-wise sum, and x * (1 / sum); each lane sums elements i, i+8, ...
@@ -17,7 +17,7 @@
 #pragma once
 #include <cstdint>
 
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 namespace kvevict {
 

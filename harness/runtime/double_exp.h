@@ -1,7 +1,7 @@
 // std::exp on doubles, four at a time, with std::exp's own bits. Sim mode's masked
 // softmax of every realisable policy takes one double exponential per kept slot of every
 // row (about 30 million per T=1024 forward of the 12-layer bench model); as calls to
-// libm's exp they were its largest cost after the products (perf, issue 14).
+// libm's exp they were its largest cost after the products (perf).
 //
 // The vector loop is glibc's exp (x86-64, FMA build) operation for operation: k and r
 // from fused multiply-adds, 2^(k/128) as a double and its relative tail from a 128-entry

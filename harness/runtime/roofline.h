@@ -1,8 +1,8 @@
 // The machine's limits, measured in the running process, for `kvevict bench`: GEMM
 // throughput on a model's own weight shapes, memory-read bandwidth, and peak RSS. A
-// phase is then reported as a fraction of its limit (issue 14).
+// phase is then reported as a fraction of its limit.
 #pragma once
-#include <torch/torch.h>
+#include "harness/model/tensor.h"
 
 #include <algorithm>
 #include <chrono>

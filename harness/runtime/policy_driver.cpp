@@ -1,0 +1,203 @@
+#include "harness/runtime/policy_driver.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "harness/runtime/double_exp.h"
+
+namespace kvevict {
+namespace {
+
+// Below this many logits in a block, the heads stay on the calling thread: a parallel
+// region costs more than they do.
+constexpr int64_t kParallelLogits = 4096;
+
+// The softmax of one logits row (n columns) over the slots a query sees: slot s sits at
+// column columns[s] and is seen when visible (vis null: every slot) and not older than
+// `oldest`. The row becomes the attention in place (0 but at the seen slots) and out[s]
+// gets slot s's share. exps: scratch for `slots` doubles. Returns the slots seen.
+template <typename Scalar>
+int masked_softmax(Scalar* row, int64_t n, const std::vector<int>& positions, const std::vector<int>& columns,
+                   int slots, int64_t oldest, const char* vis, double* exps, float* out) {
+  auto seen = [&](int s) { return positions[s] >= oldest && (!vis || vis[s]); };
+  double m = -std::numeric_limits<double>::infinity();
+  for (int s = 0; s < slots; ++s)
+    if (seen(s)) m = std::max<double>(m, row[columns[s]]);
+  // exp(l - m) of the seen slots, four at a time with std::exp's bits (double_exp.h); the
+  // others get a stand-in on exp's fast path, then 0.
+  for (int s = 0; s < slots; ++s) exps[s] = seen(s) ? row[columns[s]] - m : -1.0;
+  exp_doubles(exps, exps, slots);
+  double sum = 0;  // summed in double: no rounding noise of its own
+  int count = 0;
+  for (int s = 0; s < slots; ++s) {
+    const bool is_seen = seen(s);
+    if (!is_seen) exps[s] = 0.0;
+    sum += exps[s];
+    count += is_seen;
+  }
+  const double inv = 1.0 / sum;
+  for (int s = 0; s < slots; ++s) out[s] = static_cast<float>(exps[s] * inv);
+  std::fill(row, row + n, Scalar(0));
+  for (int s = 0; s < slots; ++s) row[columns[s]] = static_cast<Scalar>(exps[s] * inv);
+  return count;
+}
+
+}  // namespace
+
+PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const SequenceShape& shape,
+                           int64_t sliding_window, SlotColumns columns)
+    : group_(shape.group()), prefill_len_(shape.prefill_len), window_(sliding_window), columns_(columns) {
+  LayerStates states = policy.make_layer_states(layer, shape);
+  lockstep_ = states.lockstep;
+  heads_.resize(states.heads.size());
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    heads_[h].state = std::move(states.heads[h]);
+    heads_[h].exps.resize(group_);
+  }
+}
+
+void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
+                        char* visible_out) {
+  drive(first, rows, n, logits, key_norms, visible_out);
+}
+
+void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, double* logits, const float* key_norms,
+                        char* visible_out) {
+  drive(first, rows, n, logits, key_norms, visible_out);
+}
+
+std::vector<RowMove> PolicyDriver::take_moves() {
+  std::vector<RowMove> moves;
+  moves.swap(moves_);
+  return moves;
+}
+
+int PolicyDriver::max_slots() const {
+  int most = 0;
+  for (const Head& head : heads_) most = std::max(most, head.state->size());
+  return most;
+}
+
+void PolicyDriver::append(Head& head, int64_t position, float key_norm) {
+  const int column = columns_ == SlotColumns::Positions ? static_cast<int>(position)
+                                                        : static_cast<int>(head.columns.size());
+  head.state->append(static_cast<int>(position), key_norm);
+  head.columns.push_back(column);
+}
+
+void PolicyDriver::see(Head& head, int64_t position) {
+  head.oldest = window_ > 0 ? position - window_ + 1 : std::numeric_limits<int64_t>::min();
+  head.vis = head.state->visible(static_cast<int>(position), &head.pattern) ? head.pattern.data() : nullptr;
+  const size_t slots = static_cast<size_t>(head.state->size());
+  head.observed.resize(group_ * slots);
+  for (auto& scratch : head.exps) scratch.resize(slots);
+}
+
+template <typename Scalar>
+int PolicyDriver::attend(Head& head, int kv, int member, int64_t r, int64_t rows, int64_t n, Scalar* logits) {
+  const int slots = head.state->size();
+  const int64_t h = static_cast<int64_t>(kv) * group_ + member;
+  return masked_softmax(logits + (h * rows + r) * n, n, head.state->positions(), head.columns, slots,
+                                head.oldest, head.vis, head.exps[member].data(),
+                                head.observed.data() + static_cast<size_t>(member) * slots);
+}
+
+void PolicyDriver::record_visible(const Head& head, int kv, int64_t r, int64_t rows, int64_t n,
+                                  char* visible_out) const {
+  if (!visible_out) return;
+  char* out = visible_out + (static_cast<int64_t>(kv) * rows + r) * n;
+  std::fill(out, out + n, 0);
+  const std::vector<int>& positions = head.state->positions();
+  for (int s = 0; s < head.state->size(); ++s)
+    out[head.columns[s]] = positions[s] >= head.oldest && (!head.vis || head.vis[s]);
+}
+
+void PolicyDriver::compress(Head& head, int kv, int64_t position) {
+  if (position < prefill_len_ - 1 || !head.state->compress(&head.keep)) return;
+  const std::vector<int>& keep = head.keep;
+  std::vector<int> kept(keep.size());
+  for (size_t k = 0; k < keep.size(); ++k) kept[k] = head.columns[keep[k]];
+  if (columns_ == SlotColumns::CacheRows) {
+    // Rows below the kept count that stay are left alone; each kept row at or above it
+    // moves into the lowest free row below it: one row copy per eviction, not a rewrite.
+    const int count = static_cast<int>(kept.size());
+    std::vector<char> used(count, 0);
+    for (int row : kept)
+      if (row < count) used[row] = 1;
+    int free_row = 0;
+    for (int& row : kept) {
+      if (row < count) continue;
+      while (used[free_row]) ++free_row;
+      used[free_row] = 1;
+      moves_.push_back({kv, row, free_row});
+      row = free_row;
+    }
+  }
+  head.columns.swap(kept);
+}
+
+template <typename Scalar>
+void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms,
+                         char* visible_out) {
+  const int n_kv = static_cast<int>(heads_.size());
+  for (Head& head : heads_) head.row_slots.assign(rows, 0);
+  const bool parallel = rows * n * n_kv * group_ >= kParallelLogits;
+  if (!lockstep_) {
+    // No head reads another's state: each takes the whole block on its own thread.
+    at::parallel_for(0, n_kv, parallel ? 1 : n_kv, [&](int64_t begin, int64_t end) {
+      for (int64_t kv = begin; kv < end; ++kv) {
+        Head& head = heads_[kv];
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t position = first + r;
+          append(head, position, key_norms[r * n_kv + kv]);
+          head.row_slots[r] = head.state->size();
+          see(head, position);
+          for (int j = 0; j < group_; ++j) head.visible = attend(head, static_cast<int>(kv), j, r, rows, n, logits);
+          record_visible(head, static_cast<int>(kv), r, rows, n, visible_out);
+          head.state->observe(head.observed.data());
+          compress(head, static_cast<int>(kv), position);
+        }
+      }
+    });
+  } else {
+    // One decision for the layer: every head takes each step before any takes the next.
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t position = first + r;
+      for (int kv = 0; kv < n_kv; ++kv) {
+        append(heads_[kv], position, key_norms[r * n_kv + kv]);
+        heads_[kv].row_slots[r] = heads_[kv].state->size();
+        see(heads_[kv], position);
+      }
+      // The query heads' softmaxes are independent: they share the threads.
+      const int64_t n_q = static_cast<int64_t>(n_kv) * group_;
+      at::parallel_for(0, n_q, n_q * heads_[0].state->size() * 4 >= kParallelLogits ? 1 : n_q,
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t h = begin; h < end; ++h) {
+                           const int kv = static_cast<int>(h / group_), j = static_cast<int>(h % group_);
+                           const int seen = attend(heads_[kv], kv, j, r, rows, n, logits);
+                           if (j == 0) heads_[kv].visible = seen;
+                         }
+                       });
+      for (int kv = 0; kv < n_kv; ++kv) {
+        record_visible(heads_[kv], kv, r, rows, n, visible_out);
+        heads_[kv].state->observe(heads_[kv].observed.data());
+      }
+      for (int kv = 0; kv < n_kv; ++kv) compress(heads_[kv], kv, position);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t total = 0;
+    for (const Head& head : heads_) {
+      total += head.row_slots[r];
+      peak_head_slots_ = std::max(peak_head_slots_, head.row_slots[r]);
+    }
+    peak_total_slots_ = std::max(peak_total_slots_, total);
+  }
+  last_visible_ = 0;
+  for (const Head& head : heads_) last_visible_ = std::max(last_visible_, head.visible);
+}
+
+}  // namespace kvevict

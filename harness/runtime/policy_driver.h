@@ -1,0 +1,107 @@
+// The row protocol of a realisable policy, written once. For each query, in position
+// order, and each KV head of a layer:
+//   1. append: the query's own key enters the head's LayerState as its newest slot;
+//   2. visibility: the query sees the slots that the policy's pattern (LayerState::visible),
+//      the model's sliding window and causality all allow;
+//   3. attention: the softmax of the query's logits over those slots, zero elsewhere;
+//   4. observe: the policy sees that attention, for each query head of the KV head's group;
+//   5. compress: after the prefill, the policy evicts back to its budget.
+// Sim mode (one teacher-forced pass), the decode cache and analyze's recall all drive
+// their policies through this class, so a policy cannot tell them apart. Whether heads
+// run on threads of their own is decided here: heads that do not share a decision
+// (LayerStates::lockstep false) each take a whole block of queries on one thread; their
+// arithmetic is the same on any number of threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "policies/policy.h"
+
+namespace kvevict {
+
+// Where a slot's key sits in a logits row.
+enum class SlotColumns {
+  // Column = position: a pass over the whole sequence (sim mode, analyze).
+  Positions,
+  // Column = the cache row holding the key (decode mode). A head's new key goes to its
+  // next free row (row size() before the append), and an eviction moves each kept key
+  // that sits at or beyond the kept count into a freed row below it (take_moves).
+  CacheRows,
+};
+
+// One key (and value) row of a KV head's cache buffer moves from row `from` to row `to`.
+struct RowMove {
+  int kv_head, from, to;
+};
+
+class PolicyDriver {
+ public:
+  PolicyDriver(const RealisablePolicy& policy, int layer, const SequenceShape& shape, int64_t sliding_window,
+               SlotColumns columns);
+
+  // Queries at positions first .. first+rows-1. logits: [n_q][rows][n] (query head h, row
+  // r at (h*rows + r)*n), scaled, a key's logit at its column; each row is overwritten with
+  // the attention that weights the values (0 outside the slots it sees). key_norms:
+  // [rows][n_kv], the L2 norms of these queries' own keys. visible_out, when not null:
+  // [n_kv][rows][n], set to 1 at the columns each query saw and 0 elsewhere.
+  void rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
+            char* visible_out = nullptr);
+  void rows(int64_t first, int64_t rows, int64_t n, double* logits, const float* key_norms,
+            char* visible_out = nullptr);
+
+  // CacheRows: the row moves of the evictions since the last call, which the cache must
+  // carry out before the next query (then they are forgotten).
+  std::vector<RowMove> take_moves();
+
+  int n_kv_heads() const { return static_cast<int>(heads_.size()); }
+  const LayerState& state(int kv_head) const { return *heads_[kv_head].state; }
+  // Slots a head holds now (CacheRows: its rows in use).
+  int slots(int kv_head) const { return heads_[kv_head].state->size(); }
+  // The most slots a head holds now.
+  int max_slots() const;
+
+  // What the cache held over the queries so far, each counted after the query's append
+  // and before its compression (while it attends).
+  int64_t peak_total_slots() const { return peak_total_slots_; }  // summed over the KV heads
+  int peak_head_slots() const { return peak_head_slots_; }         // of any one KV head
+  int last_visible() const { return last_visible_; }  // slots the last query saw, most over heads
+
+ private:
+  struct Head {
+    std::unique_ptr<LayerState> state;
+    std::vector<int> columns;         // [slots]: where each slot's key sits in a logits row
+    std::vector<char> pattern;        // [slots]: LayerState::visible's answer
+    std::vector<float> observed;      // [group][slots]: what the policy observes
+    std::vector<std::vector<double>> exps;  // [group][slots]: scratch of the softmax
+    std::vector<int> keep;            // compress's answer
+    std::vector<int> row_slots;       // [rows of the block]: slots after each append
+    int visible = 0;                  // slots its latest query saw
+    const char* vis = nullptr;        // the latest query's pattern (null: no pattern)
+    int64_t oldest = 0;               // the oldest position the latest query sees
+  };
+  template <typename Scalar>
+  void drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms, char* visible_out);
+  void append(Head& head, int64_t position, float key_norm);
+  // What the query at `position` sees; sizes the scratch.
+  void see(Head& head, int64_t position);
+  // The attention of query head `member` of the group, row r of the block; returns the
+  // slots it saw.
+  template <typename Scalar>
+  int attend(Head& head, int kv, int member, int64_t r, int64_t rows, int64_t n, Scalar* logits);
+  void record_visible(const Head& head, int kv, int64_t r, int64_t rows, int64_t n, char* visible_out) const;
+  void compress(Head& head, int kv, int64_t position);
+
+  int group_ = 1;
+  int prefill_len_ = 0;
+  int64_t window_ = 0;
+  SlotColumns columns_;
+  bool lockstep_ = false;
+  std::vector<Head> heads_;
+  std::vector<RowMove> moves_;
+  int64_t peak_total_slots_ = 0;
+  int peak_head_slots_ = 0;
+  int last_visible_ = 0;
+};
+
+}  // namespace kvevict

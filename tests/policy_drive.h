@@ -1,0 +1,70 @@
+// Model-free policy tests: one layer's LayerStates driven the way the policy driver drives
+// them (for each query: append, visible, observe, then compress after the prefill), with
+// attention the test makes up instead of a model's softmax, so a test can say exactly
+// what each KV head observes. The driver itself (softmax, windows, cache rows, threads) is
+// tested in test_policy_driver.cpp.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "policies/policy.h"
+
+namespace kvevict::test {
+
+// out[s]: what query head `q_head` attends at query `step` over its KV head's slots at
+// `positions` (visible: the pattern's mask, null when every slot is seen).
+using AttentionFn = std::function<void(int q_head, int step, const std::vector<int>& positions,
+                                       const std::vector<char>* visible, float* out)>;
+// The L2 norm of KV head kv's key at `position`.
+using KeyNormFn = std::function<float(int kv, int position)>;
+
+struct LayerTrace {
+  std::vector<std::vector<std::vector<int>>> positions;  // [step][kv]: slots after the step
+  std::vector<std::vector<std::vector<int>>> seen;       // [step][kv]: positions the query saw, itself included
+};
+
+// head_major: each KV head through every step before the next head (last head first),
+// as the driver may run heads whose states are independent; otherwise step by step.
+inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
+                                     const KeyNormFn& key_norm, bool head_major = false) {
+  const int n_kv = shape.n_kv_heads, group = shape.group();
+  LayerTrace trace;
+  trace.positions.assign(shape.length, std::vector<std::vector<int>>(n_kv));
+  trace.seen.assign(shape.length, std::vector<std::vector<int>>(n_kv));
+  std::vector<std::vector<float>> rows(n_kv);
+  std::vector<std::vector<char>> masks(n_kv);
+  auto append_and_attend = [&](int kv, int i) {
+    LayerState& state = *states.heads[kv];
+    state.append(i, key_norm(kv, i));
+    const bool masked = state.visible(i, &masks[kv]);
+    const std::vector<int>& positions = state.positions();
+    const size_t n = positions.size();
+    for (size_t s = 0; s < n; ++s)
+      if (!masked || masks[kv][s]) trace.seen[i][kv].push_back(positions[s]);
+    rows[kv].assign(group * n, 0.0f);
+    for (int j = 0; j < group; ++j)
+      attention(kv * group + j, i, positions, masked ? &masks[kv] : nullptr, rows[kv].data() + j * n);
+  };
+  auto finish = [&](int kv, int i) {
+    LayerState& state = *states.heads[kv];
+    if (i >= shape.prefill_len - 1) state.compress(nullptr);
+    trace.positions[i][kv] = state.positions();
+  };
+  if (head_major) {
+    for (int kv = n_kv - 1; kv >= 0; --kv)
+      for (int i = 0; i < shape.length; ++i) {
+        append_and_attend(kv, i);
+        states.heads[kv]->observe(rows[kv].data());
+        finish(kv, i);
+      }
+    return trace;
+  }
+  for (int i = 0; i < shape.length; ++i) {
+    for (int kv = 0; kv < n_kv; ++kv) append_and_attend(kv, i);
+    for (int kv = 0; kv < n_kv; ++kv) states.heads[kv]->observe(rows[kv].data());
+    for (int kv = 0; kv < n_kv; ++kv) finish(kv, i);
+  }
+  return trace;
+}
+
+}  // namespace kvevict::test
