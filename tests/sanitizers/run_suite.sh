@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite again under AddressSanitizer + UndefinedBehaviorSanitizer, plus
 # the libFuzzer targets (tests/fuzz/run_fuzzers.sh, as the CTest test fuzz_parsers).
-# The README's test command runs it after the release suite; CI runs that command.
+# The README's deep checks; CI runs them after the README's test command.
 #
 #   tests/sanitizers/run_suite.sh [BUILD_DIR]      (default: build-sanitize)
 #   KVEVICT_FUZZ_SECONDS   seconds per fuzz target (default 60)
