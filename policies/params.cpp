@@ -81,6 +81,12 @@ ParamSpec ParamSpec::at_least(double min) const {
   return s;
 }
 
+ParamSpec ParamSpec::at_most(double max) const {
+  ParamSpec s = *this;
+  s.max_ = max;
+  return s;
+}
+
 ParamSpec ParamSpec::odd() const {
   ParamSpec s = *this;
   s.odd_ = true;
@@ -112,6 +118,7 @@ std::string ParamSpec::check(const std::string& text, const std::string& where) 
   };
   std::string range;
   if (min_ > -1e300) range += " >= " + number_text(min_);
+  if (max_ < 1e300) range += (range.empty() ? " <= " : " and <= ") + number_text(max_);
   if (has_special_) range += " (or " + std::to_string(special_) + ")";
   switch (kind_) {
     case Kind::Choice: {
@@ -132,7 +139,7 @@ std::string ParamSpec::check(const std::string& text, const std::string& where) 
     case Kind::Real: {
       double value = 0;
       if (!parse_double(text, &value)) return refuse("a number");
-      if (value < min_) return refuse("a number" + range);
+      if (value < min_ || value > max_) return refuse("a number" + range);
       return shortest(value);
     }
     case Kind::Integer: {
@@ -142,7 +149,7 @@ std::string ParamSpec::check(const std::string& text, const std::string& where) 
         return refuse(expected);
       const long long n = static_cast<long long>(value);
       if (has_special_ && n == special_) return std::to_string(n);
-      if (value < min_ || (odd_ && n % 2 == 0)) return refuse(expected);
+      if (value < min_ || value > max_ || (odd_ && n % 2 == 0)) return refuse(expected);
       return std::to_string(n);
     }
   }
@@ -155,8 +162,11 @@ std::string ParamSpec::describe() const {
     std::string known;
     for (const auto& c : choices_) known += (known.empty() ? "" : " or ") + c;
     out += " (" + known + ")";
-  } else if (min_ > -1e300 || odd_) {
-    out += std::string(" (") + (odd_ ? "odd, " : "") + ">= " + number_text(min_) +
+  } else if (min_ > -1e300 || max_ < 1e300 || odd_) {
+    std::string range;
+    if (min_ > -1e300) range += ">= " + number_text(min_);
+    if (max_ < 1e300) range += (range.empty() ? "<= " : ", <= ") + number_text(max_);
+    out += std::string(" (") + (odd_ ? "odd, " : "") + range +
            (has_special_ ? ", or " + std::to_string(special_) : "") + ")";
   }
   return out;

@@ -23,6 +23,7 @@ class ParamSpec {
 
   // Range refinements, chained onto a builder.
   ParamSpec at_least(double min) const;
+  ParamSpec at_most(double max) const;
   ParamSpec odd() const;
   ParamSpec or_value(long long special) const;  // one value allowed outside the range (e.g. -1: automatic)
   ParamSpec flag(const char* cli_flag) const;   // another CLI flag than the key's
@@ -44,7 +45,7 @@ class ParamSpec {
  private:
   std::string key_, flag_, help_, default_;
   Kind kind_ = Kind::Integer;
-  double min_ = -1e300;
+  double min_ = -1e300, max_ = 1e300;
   bool odd_ = false, has_special_ = false, run_seed_ = false;
   long long special_ = 0;
   std::vector<std::string> choices_;

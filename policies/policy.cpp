@@ -10,6 +10,7 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/limits.h"
+#include "policies/scored_slots.h"
 #include "policies/slot_selection.h"
 
 namespace kvevict {
@@ -23,7 +24,10 @@ Budget Policy::layer_budget(int /*layer*/, const SequenceShape& shape) const {
     budget.unlimited = true;
     return budget;
   }
-  return split_budget(options_.budget, shape.length, sink_tokens(), default_heavy_share(), name());
+  Budget budget = split_budget(options_.budget, shape.length, sink_tokens(), default_heavy_share(), name());
+  budget.question_from = shape.prefill_len;
+  budget.question_len = shape.question_len;
+  return budget;
 }
 
 void Policy::validate(const SequenceShape& shape) const {
@@ -60,62 +64,54 @@ class ScoredHeadState : public LayerState {
  public:
   ScoredHeadState(const ScoredPolicy& policy, int layer, int kv_head, Budget budget, int group, GroupReduce reduce,
                   std::shared_ptr<SharedScores> shared)
-      : policy_(policy), budget_(budget), group_(group), reduce_(reduce), shared_(std::move(shared)) {
-    slots_.channels = policy.channels();
-    slots_.layer = layer;
-    slots_.kv_head = kv_head;
-    if (shared_) shared_->attach(kv_head, &slots_);
+      : policy_(policy), head_(policy, layer, kv_head, group, reduce), budget_(budget), shared_(std::move(shared)) {
+    if (shared_) shared_->attach(kv_head, &head_.slots);
   }
 
-  void append(int position, float key_norm) override {
-    float* values = slots_.append(position);
-    policy_.on_append(slots_, values, position, key_norm);
-  }
-
-  void observe(const float* probs) override {
-    reduce_group(probs, group_, slots_.size(), reduce_, &aggregated_);
-    policy_.on_observe(slots_, aggregated_.data());
-    slots_.steps++;
-  }
+  void append(int position, float key_norm) override { head_.append(position, key_norm); }
+  void observe(const float* probs) override { head_.observe(probs); }
 
   bool compress(std::vector<int>* keep) override {
-    const int n = slots_.size();
-    if (budget_.unlimited || n <= budget_.capacity) return false;
+    const int n = head_.slots.size();
+    if (budget_.unlimited || n == 0) return false;
+    const int newest = head_.slots.positions.back();
+    if (!budget_.compresses_after(newest)) return false;
+    Budget budget = budget_;
+    budget.capacity = budget_.capacity_after(newest);
+    if (n <= budget.capacity) return false;
     const float* scores;
     if (shared_) {
       scores = shared_->scores().data();
     } else {
       scores_.resize(n);
-      policy_.score(slots_, scores_.data());
+      policy_.score(head_.slots, scores_.data());
       scores = scores_.data();
     }
     // The steady state evicts one slot per step: a scan, an erase in place. Otherwise the
     // general selection and a gather.
-    const int evicted = single_evicted_slot(slots_.positions, scores, budget_);
+    const int evicted = single_evicted_slot(head_.slots.positions, scores, budget);
     if (evicted >= 0) {
-      slots_.erase(evicted);
+      head_.slots.erase(evicted);
       if (keep) {
         keep->resize(n - 1);
         for (int s = 0; s < n - 1; ++s) (*keep)[s] = s < evicted ? s : s + 1;
       }
     } else {
-      select_kept_slots(slots_.positions, scores, budget_, &kept_, &candidates_);
-      slots_.gather(kept_);
+      select_kept_slots(head_.slots.positions, scores, budget, &kept_, &candidates_);
+      head_.slots.gather(kept_);
       if (keep) *keep = kept_;
     }
     return true;
   }
 
-  const std::vector<int>& positions() const override { return slots_.positions; }
+  const std::vector<int>& positions() const override { return head_.slots.positions; }
 
  private:
   const ScoredPolicy& policy_;
+  ScoredSlots head_;
   Budget budget_;
-  int group_;
-  GroupReduce reduce_;
   std::shared_ptr<SharedScores> shared_;
-  HeadSlots slots_;
-  std::vector<float> aggregated_, scores_;
+  std::vector<float> scores_;
   std::vector<int> kept_, candidates_;
 };
 

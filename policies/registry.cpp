@@ -1,6 +1,7 @@
 #include "policies/registry.h"
 
 #include "harness/common/errors.h"
+#include "policies/ada_kv.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {
@@ -30,7 +31,8 @@ const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const 
 std::string policy_help() {
   std::string known;
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
-  return known + "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern";
+  return known + "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern; "
+                 "ada+SCORED (e.g. ada+snapkv) gives a scored policy Ada-KV's head-adaptive budgets";
 }
 
 std::string reference_policy_name() {
@@ -52,12 +54,15 @@ std::vector<std::string> default_recall_policies() {
 const std::vector<const ParamSpec*>& all_policy_params() {
   static const std::vector<const ParamSpec*> params = [] {
     std::vector<const ParamSpec*> all;
+    std::vector<const ParamSpec*> declared;
     for (const auto& e : kPolicies)
-      for (const ParamSpec* p : e.factory({})->parameters()) {
-        const ParamSpec* known = find_if_key(all, p->key());
-        if (!known) all.push_back(p);
-        else if (known != p) throw Error("internal: policy parameter \"" + p->key() + "\" is declared twice");
-      }
+      for (const ParamSpec* p : e.factory({})->parameters()) declared.push_back(p);
+    declared.push_back(&kAdaSafeguard);  // the ada+ wrapper's own
+    for (const ParamSpec* p : declared) {
+      const ParamSpec* known = find_if_key(all, p->key());
+      if (!known) all.push_back(p);
+      else if (known != p) throw Error("internal: policy parameter \"" + p->key() + "\" is declared twice");
+    }
     return all;
   }();
   return params;
@@ -83,6 +88,8 @@ std::vector<std::string> policy_names() {
 }
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
+  if (name.rfind(kAdaPrefix, 0) == 0)
+    return make_ada_kv(make_policy(name.substr(std::string(kAdaPrefix).size()), options), options);
   // "scored+pattern": heavy hitters of a scored policy on top of a static pattern.
   const size_t plus = name.find('+');
   if (plus != std::string::npos)

@@ -75,6 +75,7 @@ int run_perplexity(const PerplexityArgs& args) {
     j["policy"] = policy->name();
     j["mode"] = args.mode;
     j["kv_tokens_kept"] = score.kv.kept_per_layer;
+    j["kv_tokens_kept_per_head"] = score.kv.kept_per_head;  // [layer][KV head]
     j["kv_tokens_max"] = score.kv.max_per_layer;
     j["kv_bytes_peak"] = score.kv.peak_bytes;
     j["kv_sliding_window"] = score.kv.sliding_window;  // 0: none

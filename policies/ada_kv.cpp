@@ -1,0 +1,173 @@
+#include "policies/ada_kv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "harness/common/errors.h"
+#include "policies/scored_slots.h"
+
+namespace kvevict {
+namespace {
+
+// One layer's decision across its heads. The driver runs the heads in lockstep, so every
+// head has observed the step's query before the first one compresses; that first call
+// decides for all heads, and each head then takes its own part.
+class AdaLayer {
+ public:
+  AdaLayer(const ScoredPolicy& inner, Budget budget, int n_heads, double safeguard)
+      : inner_(inner), budget_(budget), heads_(n_heads, nullptr), kept_(n_heads), pending_(n_heads, 0) {
+    guard_ = static_cast<int>(safeguard * budget.capacity);
+  }
+  void attach(int kv_head, const HeadSlots* slots) { heads_[kv_head] = slots; }
+
+  // The slots head `kv_head` keeps at this step (ascending); false when it keeps all.
+  bool take(int kv_head, std::vector<int>* keep) {
+    if (!pending_[kv_head]) decide();
+    pending_[kv_head] = 0;
+    if (static_cast<int>(kept_[kv_head].size()) == heads_[kv_head]->size()) return false;
+    *keep = kept_[kv_head];
+    return true;
+  }
+
+ private:
+  struct Candidate {
+    int tier;  // 2: a sink or recent slot, 1: within the head's safeguard, 0: the rest
+    float score;
+    int position, head, slot;
+  };
+
+  // Higher tier first, then higher score, then the more recent position, then the lower
+  // head: a total order, so the kept set does not depend on the sort.
+  static bool better(const Candidate& a, const Candidate& b) {
+    if (a.tier != b.tier) return a.tier > b.tier;
+    if (a.score != b.score) return a.score > b.score;
+    if (a.position != b.position) return a.position > b.position;
+    return a.head < b.head;
+  }
+
+  void decide() {
+    const int H = static_cast<int>(heads_.size());
+    std::fill(pending_.begin(), pending_.end(), 1);
+    int total = 0;
+    for (const HeadSlots* head : heads_) total += head->size();
+    // Every head has just taken the same query's key.
+    const int newest = heads_[0]->positions.empty() ? 0 : heads_[0]->positions.back();
+    const int layer_capacity = budget_.capacity_after(newest) * H;
+    const bool compresses = budget_.compresses_after(newest);
+    for (auto& kept : kept_) kept.clear();
+    if (budget_.unlimited || !compresses || total <= layer_capacity) {
+      for (int h = 0; h < H; ++h)
+        for (int s = 0; s < heads_[h]->size(); ++s) kept_[h].push_back(s);
+      return;
+    }
+    candidates_.clear();
+    for (int h = 0; h < H; ++h) {
+      const HeadSlots& head = *heads_[h];
+      const int n = head.size();
+      scores_.resize(n);
+      inner_.score(head, scores_.data());
+      int n_sink = 0;
+      while (n_sink < n && head.positions[n_sink] < budget_.sink) ++n_sink;
+      const int n_recent = std::min(budget_.recent, n - n_sink);
+      const size_t first = candidates_.size();
+      for (int s = 0; s < n; ++s) {
+        const bool window = s < n_sink || s >= n - n_recent;
+        // A NaN score ranks below every number.
+        const float score = std::isnan(scores_[s]) ? -std::numeric_limits<float>::infinity() : scores_[s];
+        candidates_.push_back({window ? 2 : 0, score, head.positions[s], h, s});
+      }
+      // The safeguard: the head's best slots, its windows included, up to guard_.
+      auto begin = candidates_.begin() + first;
+      std::sort(begin, candidates_.end(), better);
+      for (int i = 0; i < std::min(guard_, n); ++i) begin[i].tier = std::max(begin[i].tier, 1);
+    }
+    std::nth_element(candidates_.begin(), candidates_.begin() + layer_capacity, candidates_.end(), better);
+    for (int i = 0; i < layer_capacity; ++i) kept_[candidates_[i].head].push_back(candidates_[i].slot);
+    for (auto& kept : kept_) std::sort(kept.begin(), kept.end());
+  }
+
+  const ScoredPolicy& inner_;
+  Budget budget_;
+  int guard_ = 0;
+  std::vector<const HeadSlots*> heads_;
+  std::vector<std::vector<int>> kept_;
+  std::vector<char> pending_;
+  std::vector<Candidate> candidates_;
+  std::vector<float> scores_;
+};
+
+// One KV head: its slots and the inner policy's per-slot state; the layer decides.
+class AdaHeadState : public LayerState {
+ public:
+  AdaHeadState(const ScoredPolicy& inner, int layer, int kv_head, int group, GroupReduce reduce,
+               std::shared_ptr<AdaLayer> decision)
+      : head_(inner, layer, kv_head, group, reduce), kv_head_(kv_head), decision_(std::move(decision)) {
+    decision_->attach(kv_head, &head_.slots);
+  }
+
+  void append(int position, float key_norm) override { head_.append(position, key_norm); }
+  void observe(const float* probs) override { head_.observe(probs); }
+
+  bool compress(std::vector<int>* keep) override {
+    if (!decision_->take(kv_head_, &kept_)) return false;
+    head_.slots.gather(kept_);
+    if (keep) *keep = kept_;
+    return true;
+  }
+
+  const std::vector<int>& positions() const override { return head_.slots.positions; }
+
+ private:
+  ScoredSlots head_;
+  int kv_head_;
+  std::shared_ptr<AdaLayer> decision_;
+  std::vector<int> kept_;
+};
+
+class AdaKVPolicy : public RealisablePolicy {
+ public:
+  AdaKVPolicy(std::unique_ptr<Policy> inner, const ScoredPolicy& scored, const PolicyOptions& options)
+      : RealisablePolicy(options), inner_(std::move(inner)), scored_(scored) {}
+
+  std::string name() const override { return kAdaPrefix + inner_->name(); }
+  std::vector<const ParamSpec*> parameters() const override {
+    std::vector<const ParamSpec*> params = inner_->parameters();
+    params.push_back(&kAdaSafeguard);
+    return params;
+  }
+  bool splits_budget() const override { return inner_->splits_budget(); }
+  double default_heavy_share() const override { return inner_->default_heavy_share(); }
+  int sink_tokens() const override { return inner_->sink_tokens(); }
+  Budget layer_budget(int layer, const SequenceShape& shape) const override {
+    return inner_->layer_budget(layer, shape);
+  }
+  void validate(const SequenceShape& shape) const override { inner_->validate(shape); }
+
+  LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
+    LayerStates states;
+    states.lockstep = true;  // one decision across the layer's heads
+    auto decision = std::make_shared<AdaLayer>(scored_, layer_budget(layer, shape), shape.n_kv_heads,
+                                               options_.params.real(kAdaSafeguard));
+    const GroupReduce reduce = parse_group_reduce(options_.params.text(kGroupReduce));
+    for (int h = 0; h < shape.n_kv_heads; ++h)
+      states.heads.push_back(std::make_unique<AdaHeadState>(scored_, layer, h, shape.group(), reduce, decision));
+    return states;
+  }
+
+ private:
+  std::unique_ptr<Policy> inner_;
+  const ScoredPolicy& scored_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_ada_kv(std::unique_ptr<Policy> inner, const PolicyOptions& options) {
+  const auto* scored = dynamic_cast<const ScoredPolicy*>(inner.get());
+  if (!scored || inner->keeps_everything())
+    throw Error("policy " + std::string(kAdaPrefix) + inner->name() + ": \"" + inner->name() +
+                "\" is not a scored eviction policy (e.g. ada+snapkv)");
+  return std::make_unique<AdaKVPolicy>(std::move(inner), *scored, options);
+}
+
+}  // namespace kvevict

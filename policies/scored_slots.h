@@ -1,0 +1,42 @@
+// One KV head's slots as a scored policy keeps them: the slots with the policy's per-slot
+// state, fed by append (the policy's on_append) and observe (the GQA reduction of the
+// query group's attention, then on_observe). ScoredPolicy's head state and Ada-KV's share
+// it; they differ only in how they compress.
+#pragma once
+#include <vector>
+
+#include "policies/policy.h"
+
+namespace kvevict {
+
+class ScoredSlots {
+ public:
+  ScoredSlots(const ScoredPolicy& policy, int layer, int kv_head, int group, GroupReduce reduce)
+      : policy_(policy), group_(group), reduce_(reduce) {
+    slots.channels = policy.channels();
+    slots.layer = layer;
+    slots.kv_head = kv_head;
+  }
+
+  void append(int position, float key_norm) {
+    float* values = slots.append(position);
+    policy_.on_append(slots, values, position, key_norm);
+  }
+
+  // probs: [group][slots], the attention of the head's query heads.
+  void observe(const float* probs) {
+    reduce_group(probs, group_, slots.size(), reduce_, &aggregated_);
+    policy_.on_observe(slots, aggregated_.data());
+    slots.steps++;
+  }
+
+  HeadSlots slots;
+
+ private:
+  const ScoredPolicy& policy_;
+  int group_;
+  GroupReduce reduce_;
+  std::vector<float> aggregated_;  // [slots]
+};
+
+}  // namespace kvevict
