@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -24,19 +25,30 @@ namespace {
 
 const std::vector<std::string> kColumns = result_columns();
 
-// The columns before the pipeline column existed; such files still read (as lm-eval),
-// and an append first rewrites them with the current header.
-std::vector<std::string> legacy_columns() {
-  std::vector<std::string> columns;
-  for (const auto& c : kColumns)
-    if (c != "pipeline") columns.push_back(c);
-  return columns;
+// A header from an earlier kvevict: some of today's columns, in today's order, one of
+// them missing at least (newer columns were added, e.g. pipeline, length). Such files
+// read, their missing columns as empty (or the column's when_empty), and an append
+// first rewrites them with the current header.
+bool is_older_header(const std::vector<std::string>& fields) {
+  if (fields == kColumns) return false;
+  for (const char* needed : {"model", "task", "policy", "metric", "value"})
+    if (std::find(fields.begin(), fields.end(), needed) == fields.end()) return false;
+  std::size_t next = 0;
+  for (const auto& field : fields) {
+    while (next < kColumns.size() && kColumns[next] != field) ++next;
+    if (next == kColumns.size()) return false;
+    ++next;
+  }
+  return true;
 }
 
-std::string joined(const std::vector<std::string>& columns) {
-  std::string line;
-  for (std::size_t i = 0; i < columns.size(); ++i) line += (i ? "," : "") + columns[i];
-  return line;
+std::vector<std::string> header_fields(const std::string& line) {
+  std::vector<std::string> fields;
+  std::size_t begin = 0;
+  for (std::size_t comma; (comma = line.find(',', begin)) != std::string::npos; begin = comma + 1)
+    fields.push_back(line.substr(begin, comma - begin));
+  fields.push_back(line.substr(begin));
+  return fields;
 }
 
 std::string system_error(const std::string& what) {
@@ -318,6 +330,11 @@ const std::vector<ResultColumn>& result_column_table() {
       {"shots", &R::shots, Role::setting, Use::context, label},
       {"seed", &R::seed, Role::setting, Use::context, label},
       {"limit", &R::limit, Role::setting, Use::context},
+      {"length", &R::length, Role::setting, Use::context, label},
+      {"depth", &R::depth, Role::setting, Use::context, label},
+      {"question", &R::question, Role::setting, Use::context, label},
+      // Follows from the task.
+      {"haystack", &R::haystack, Role::derived},
       {"metric", &R::metric, Role::metric},
       {"value", &R::value, Role::measurement},
       {"stderr", &R::stderr_, Role::measurement},
@@ -424,10 +441,10 @@ std::string format_row(const ResultRow& row) {
 void append_rows_durably(const std::string& path, const std::vector<ResultRow>& rows) {
   if (rows.empty()) return;
   {
-    // A file from before the pipeline column: rewrite it with the current header first.
+    // A file from an earlier kvevict: rewrite it with the current header first.
     std::ifstream in(path, std::ios::binary);
     std::string first_line;
-    if (in && std::getline(in, first_line) && first_line == joined(legacy_columns())) {
+    if (in && std::getline(in, first_line) && is_older_header(header_fields(first_line))) {
       in.close();
       const auto old_rows = read_results_csv(path, /*repair=*/false);
       const std::string tmp = path + ".upgrade.tmp";
@@ -501,10 +518,9 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
   }
 
   const CsvRecord& first = records.front();
-  if (!first.problem.empty() || (first.fields != kColumns && first.fields != legacy_columns()) ||
-      !first.terminated)
+  if (!first.problem.empty() || (first.fields != kColumns && !is_older_header(first.fields)) || !first.terminated)
     throw Error(path + ":1: expected the results header '" + header + "'");
-  const std::vector<std::string> file_columns = first.fields == legacy_columns() ? legacy_columns() : kColumns;
+  const std::vector<std::string> file_columns = first.fields;
 
   const std::size_t column_count = file_columns.size();
   for (std::size_t i = 1; i < records.size(); ++i) {

@@ -30,6 +30,12 @@ struct ResultRow {
   std::optional<int> shots;
   std::optional<int> seed;
   std::optional<int> limit;
+  // Long-context tasks: the prompt length in tokens, niah's needle depth, the question
+  // protocol, and what fills the context ("noise", "needle", "xsum", ...).
+  std::optional<int> length;
+  std::optional<double> depth;
+  std::string question;
+  std::string haystack;
   std::string metric;  // "acc", "acc_norm", "rouge1", "nll", ...
   double value = 0;
   std::optional<double> stderr_;  // standard error of the mean

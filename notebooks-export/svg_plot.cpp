@@ -12,6 +12,7 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/text.h"
+#include "notebooks-export/svg_heatmap.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -214,12 +215,6 @@ std::vector<PlotSpec> heavy_share_plots(const std::vector<ResultRow>& rows) {
   return plots;
 }
 
-namespace {
-
-// matplotlib's tab10, so the SVGs and the notebook use the same colours.
-const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-
 std::string xml_escape(const std::string& text) {
   std::string escaped;
   for (char c : text) {
@@ -236,6 +231,12 @@ std::string xml_escape(const std::string& text) {
   }
   return escaped;
 }
+
+namespace {
+
+// matplotlib's tab10, so the SVGs and the notebook use the same colours.
+const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
 std::string fixed(double value, int decimals) {
   char buffer[64];
@@ -475,6 +476,18 @@ std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
       name = stem + "_" + std::to_string(suffix) + ".svg";
     std::string path = (std::filesystem::path(out_dir) / name).string();
     write_svg(plot, path);
+    paths.push_back(path);
+  }
+  for (const auto& map : depth_length_heatmaps(rows)) {
+    const std::string stem = file_name_part(map.task) + "_" + file_name_part(map.metric) + "_heatmap";
+    std::string name = stem + ".svg";
+    for (int suffix = 2; !used_names.insert(name).second; ++suffix)
+      name = stem + "_" + std::to_string(suffix) + ".svg";
+    const std::string path = (std::filesystem::path(out_dir) / name).string();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << render_heatmap_svg(map);
+    out.close();
+    if (!out) throw Error(path + ": cannot write SVG heatmap");
     paths.push_back(path);
   }
   return paths;

@@ -50,14 +50,18 @@ std::vector<PlotSpec> heavy_share_plots(const std::vector<ResultRow>& rows);
 const std::vector<std::string>& budget_split_columns();
 const std::vector<std::string>& ablation_split_columns();
 
+// Text made safe for SVG (XML 1.0) character data and attribute values.
+std::string xml_escape(const std::string& text);
+
 // The SVG document for one plot.
 std::string render_svg(const PlotSpec& plot);
 // Writes render_svg(plot) to path; throws kvevict::Error naming the path when it cannot.
 void write_svg(const PlotSpec& plot, const std::string& path);
 
 // Writes every budget and heavy-share plot into out_dir (created if missing) as
-// "<task>_<metric>_budget.svg" / "<task>_<metric>_heavy_share.svg" (names sanitised to
-// [A-Za-z0-9._-]) and returns the paths written.
+// "<task>_<metric>_budget.svg" / "<task>_<metric>_heavy_share.svg", and the needle
+// grids as "<task>_<metric>_heatmap.svg" (svg_heatmap.h; names sanitised to
+// [A-Za-z0-9._-], a suffix where two would clash), and returns the paths written.
 std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
                                          const std::string& out_dir);
 

@@ -46,6 +46,20 @@ struct Budget {
   int capacity = 0;  // tokens kept after each step (sinks + heavy + recent)
   int recent = 0;    // the most recent tokens, always kept
   int sink = 0;      // the first tokens, always kept
+  // The question-agnostic protocol: the question's question_len tokens from position
+  // question_from enter after the context was compressed and are not compressed
+  // themselves; from then on the cache holds the budget plus the question.
+  int question_from = 0;
+  int question_len = 0;
+
+  // False while the newest token is one of the question's: nothing is evicted then.
+  bool compresses_after(int position) const {
+    return question_len == 0 || position < question_from || position >= question_from + question_len;
+  }
+  // The capacity once the token at `position` is in.
+  int capacity_after(int position) const {
+    return capacity + (question_len > 0 && position >= question_from ? question_len : 0);
+  }
 };
 
 // The rules that need no sequence: ranges, one way of asking, a ratio that can keep a

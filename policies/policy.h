@@ -30,6 +30,9 @@ extern const ParamSpec kGroupReduce;
 struct SequenceShape {
   int length = 0;       // tokens the ratio budget refers to (request or prompt length)
   int prefill_len = 0;  // tokens processed with full attention before eviction starts
+  // Question-agnostic generation: the question_len tokens after the prefill (the question
+  // and answer prefix) enter uncompressed after the prefill's compression (Budget).
+  int question_len = 0;
   int n_layers = 1;
   int n_q_heads = 1;
   int n_kv_heads = 1;

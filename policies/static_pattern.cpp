@@ -108,6 +108,10 @@ class PatternHeadState : public LayerState {
 // A layer of pattern heads; heavy hitters from `scorer` (may be null).
 LayerStates pattern_layer_states(std::shared_ptr<const StaticPattern> pattern, const ScoredPolicy* scorer, int heavy,
                                  int layer, const SequenceShape& shape, const std::string& group_reduce) {
+  // A pattern decides what each query sees by its position, not by a budget to grow.
+  if (shape.question_len > 0)
+    throw Error("static patterns (sparse-strided, sparse-fixed and their compositions) have no budget to keep a "
+                "question uncompressed; use --question aware");
   LayerStates states;
   states.lockstep = scorer && heavy > 0 && scorer->shared_across_heads();
   auto shared = states.lockstep ? std::make_shared<SharedScores>(*scorer, shape.n_kv_heads) : nullptr;

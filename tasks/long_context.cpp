@@ -278,6 +278,8 @@ class LongContextTask : public Task {
 
   std::string name() const override { return name_; }
   TaskKind kind() const override { return TaskKind::Generation; }
+  bool long_context() const override { return true; }
+  bool needle_depth() const override { return scoring_ == LongContextScoring::Niah; }
   std::vector<std::string> metric_names() const override {
     if (scoring_ == LongContextScoring::Niah) return {"rouge1_x10", "substring_recall"};
     return {"string_match_all", "string_match_part"};

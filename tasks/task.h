@@ -103,6 +103,11 @@ class Task {
   virtual TaskKind kind() const = 0;
   // The metric names this task reports, in order.
   virtual std::vector<std::string> metric_names() const = 0;
+  // Whether the task's prompts are fitted to TaskOptions::length (ruler_*, niah), with a
+  // context/question split (GenerationDoc::question_offset).
+  virtual bool long_context() const { return false; }
+  // Whether it places its one needle at TaskOptions::depth (niah).
+  virtual bool needle_depth() const { return false; }
   // Multiple-choice tasks override this.
   virtual std::vector<MultipleChoiceDoc> multiple_choice_docs(const TaskOptions&) const {
     return {};

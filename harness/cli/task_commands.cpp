@@ -27,9 +27,10 @@ namespace {
 
 struct EvalArgs {
   std::string model, task, mode = "sim", protocol = "stream", score = "sum", format = "json", predictions;
-  std::string pipeline = "lm-eval";
+  std::string pipeline = "lm-eval", question = "aware";
   bool greedy = false;
-  int shots = 0, limit = -1, max_length = 1024, fewshot_seed = 42;
+  int shots = 0, limit = -1, max_length = 1024, fewshot_seed = 42, length = 0;
+  double depth = 0;  // read only when --depth is given
   bool no_bos = false, bos = false, file_order = false, helm_truncate = false;
   double temperature = 0;
   uint64_t seed = 0;
@@ -79,6 +80,12 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   config.max_length = a.max_length;
   config.temperature = a.temperature;
   config.sample_seed = a.seed;
+  config.task_options.length = a.length;
+  if (at.command.count("--depth")) config.task_options.depth = a.depth;
+  config.question = parse_question_mode(a.question);
+  // A long-context item is drawn from --seed (its answers are greedy: nothing is sampled).
+  if (at.command.count("--seed") && make_task(a.task)->long_context())
+    config.task_options.seed = static_cast<int>(a.seed);
   make_policy(config.policy, config.policy_options);  // unknown policy fails before any work
   EvalResult result = evaluate(*model, config, [](int done, int total) {
     std::cerr << "\rexamples " << done << "/" << total << std::flush;
@@ -95,6 +102,12 @@ int run_eval(EvalArgs& a, const Invocation& at) {
     j["score"] = score_mode_name(config.score);
     j["pipeline"] = a.pipeline;
     j["shots"] = a.shots;
+    if (a.length > 0) {
+      j["length"] = a.length;
+      if (config.task_options.depth) j["depth"] = *config.task_options.depth;
+      j["question"] = a.question;
+      j["haystack"] = result.haystack;
+    }
     j["n"] = result.n;
     for (const auto& m : result.metrics) j["metrics"][m.name] = {{"value", m.value}, {"stderr", m.stderr_}};
     if (result.agreement_with_full) j["agreement_with_full"] = *result.agreement_with_full;
@@ -185,7 +198,19 @@ int run_export(ExportArgs& export_args, const Invocation&) {
 void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
   CLI::App* eval_cmd = &cmd;
   eval_cmd->add_option("--model", a.model, "Hugging Face model directory (default: the bundled stories260K)");
-  eval_cmd->add_option("--task", a.task, "copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm or perplexity")->required();
+  eval_cmd->add_option("--task", a.task,
+                       "copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm, perplexity, a long-context task "
+                       "(ruler_niah_single_1, ..., ruler_vt, ruler_cwe, ruler_fwe, niah)")
+      ->required();
+  eval_cmd->add_option("--length", a.length, "long-context tasks: prompt plus answer length in the model's tokens")
+      ->check(cli::at_least(1));
+  eval_cmd->add_option("--depth", a.depth, "niah: the needle's depth in the context, in [0, 1]")
+      ->check(cli::finite_range(0, 1));
+  eval_cmd->add_option("--question", a.question,
+                       "long-context tasks under prefill-compress: aware (compress context and question together) or "
+                       "agnostic (compress the context, then feed the question uncompressed)")
+      ->check(CLI::IsMember({"aware", "agnostic"}))
+      ->capture_default_str();
   eval_cmd->add_option("--shots", a.shots, "few-shot examples")->check(cli::at_least(0))->capture_default_str();
   eval_cmd->add_option("--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)")->capture_default_str();
   eval_cmd->add_option("--limit", a.limit, "evaluate only the first N documents (-1: all)")->capture_default_str();
@@ -196,7 +221,8 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
   eval_cmd->add_flag("--bos", a.bos, "prepend BOS (the default for generation and perplexity)");
   eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
   eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
-  eval_cmd->add_option("--seed", a.seed, "generation sampling seed")->capture_default_str();
+  eval_cmd->add_option("--seed", a.seed, "generation sampling seed; long-context tasks: the items' seed")
+      ->capture_default_str();
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");
   eval_cmd->add_flag("--helm-truncate", a.helm_truncate, "XSum: cut articles to 512 words as HELM does");
   eval_cmd->add_option("--pipeline", a.pipeline,

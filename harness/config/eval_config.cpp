@@ -14,6 +14,11 @@ const EnumName<Protocol> kProtocolNames[] = {{Protocol::Stream, "stream"},
 Protocol parse_protocol(const std::string& name) { return parse_enum(kProtocolNames, "protocol", name); }
 std::string protocol_name(Protocol p) { return enum_name(kProtocolNames, p); }
 
+const EnumName<QuestionMode> kQuestionModeNames[] = {{QuestionMode::Aware, "aware"},
+                                                     {QuestionMode::Agnostic, "agnostic"}};
+QuestionMode parse_question_mode(const std::string& name) { return parse_enum(kQuestionModeNames, "question", name); }
+std::string question_mode_name(QuestionMode m) { return enum_name(kQuestionModeNames, m); }
+
 const EnumName<ScoreMode> kScoreModeNames[] = {{ScoreMode::Sum, "sum"}, {ScoreMode::Mean, "mean"}};
 ScoreMode parse_score_mode(const std::string& name) { return parse_enum(kScoreModeNames, "score", name); }
 std::string score_mode_name(ScoreMode m) { return enum_name(kScoreModeNames, m); }
@@ -47,6 +52,11 @@ ResultRow identity_row(const std::string& model, const EvalConfig& c) {
   row.shots = c.task_options.shots;
   row.seed = c.task_options.seed;
   if (c.task_options.limit >= 0) row.limit = c.task_options.limit;
+  if (make_task(c.task)->long_context()) {
+    row.length = c.task_options.length;
+    if (c.task_options.depth) row.depth = *c.task_options.depth;
+    row.question = question_mode_name(c.question);
+  }
   row.version = kvevict_version();
   return row;
 }

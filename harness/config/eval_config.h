@@ -25,6 +25,11 @@ std::string protocol_name(Protocol protocol);
 ScoreMode parse_score_mode(const std::string& name);
 std::string score_mode_name(ScoreMode mode);
 
+// Long-context tasks under prefill-compress: the question is compressed with the context
+// (aware) or fed uncompressed after the context was compressed (agnostic, kvpress's default).
+enum class QuestionMode { Aware, Agnostic };
+QuestionMode parse_question_mode(const std::string& name);
+std::string question_mode_name(QuestionMode mode);
 // "lm-eval" or "h2o" (the --pipeline flag and the results column).
 Pipeline parse_pipeline(const std::string& name);
 std::string pipeline_name(Pipeline pipeline);
@@ -36,6 +41,7 @@ struct EvalConfig {
   PolicyOptions policy_options;
   Mode mode = Mode::Sim;
   Protocol protocol = Protocol::Stream;
+  QuestionMode question = QuestionMode::Aware;  // long-context tasks only
   ScoreMode score = ScoreMode::Sum;
   std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
   int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)

@@ -76,7 +76,7 @@ const std::vector<std::string>& sweep_config_keys() {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares", "protocols",
       "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options", "predictions", "note",
       "temperature", "file_order", "slurm", "device", "dtype", "pipelines", "pipeline", "greedy",
-      "analyze"};  // "analyze": run by `kvevict analyze --config`
+      "lengths", "depths", "questions", "analyze"};  // "analyze": run by `kvevict analyze --config`
   return keys;
 }
 
@@ -156,6 +156,39 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
       throw Error(path + ": key \"pipelines\": " + e.what());
     }
   }
+  // The long-context tasks' axes: prompt lengths, niah's needle depths, question modes.
+  const auto lengths = int_axis(config, path, "lengths", {}, 1);
+  const auto depths = axis<double>(config, path, "depths", {});
+  for (double d : depths)
+    if (!(d >= 0 && d <= 1)) throw Error(path + ": key \"depths\": " + std::to_string(d) + " is not in [0, 1]");
+  std::vector<QuestionMode> questions;
+  for (const auto& name : axis<std::string>(config, path, "questions", {"aware"})) {
+    try {
+      questions.push_back(parse_question_mode(name));
+    } catch (const Error& e) {
+      throw Error(path + ": key \"questions\": " + e.what());
+    }
+  }
+  struct LongContextChoice {
+    int length = 0;
+    std::optional<double> depth;
+    QuestionMode question = QuestionMode::Aware;
+  };
+  auto long_context_choices = [&](const std::string& task) {
+    const auto made = make_task(task);
+    if (!made->long_context()) return std::vector<LongContextChoice>{{}};
+    if (lengths.empty()) throw Error(path + ": task " + task + " needs \"lengths\" (prompt lengths in tokens)");
+    if (made->needle_depth() && depths.empty()) throw Error(path + ": task " + task + " needs \"depths\" in [0, 1]");
+    std::vector<LongContextChoice> choices;
+    for (int length : lengths)
+      for (size_t d = 0; d < (made->needle_depth() ? depths.size() : 1); ++d)
+        for (QuestionMode question : questions) {
+          LongContextChoice c{length, std::nullopt, question};
+          if (made->needle_depth()) c.depth = depths[d];
+          choices.push_back(c);
+        }
+    return choices;
+  };
   // "limit": N for every task, or {"xsum": 5, "*": 100} per task.
   auto limit_for = [&](const std::string& task) {
     if (!config.contains("limit")) return -1;
@@ -223,7 +256,13 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");
                 continue;
               }
+              for (const LongContextChoice& lc : long_context_choices(task))
               for (const auto& [b, share] : variants) {
+                if (lc.question == QuestionMode::Agnostic && parse_protocol(protocol) != Protocol::PrefillCompress) {
+                  plan.skipped.push_back(policy + " x " + task + " x " + protocol +
+                                         ": the question-agnostic protocol needs prefill-compress");
+                  break;
+                }
                 SweepCell cell;
                 cell.model = model;
                 EvalConfig& e = cell.eval;
@@ -234,6 +273,9 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.task_options.limit = limit_for(task);
                 e.task_options.lm_eval_shuffle = !config.value("file_order", false);
                 e.task_options.pipeline = pipeline;
+                e.task_options.length = lc.length;
+                e.task_options.depth = lc.depth;
+                e.question = lc.question;
                 e.policy = policy;
                 e.policy_options = base_options;
                 set_run_seed(e.policy_options.params, made->parameters(), seed);

@@ -89,6 +89,23 @@ void check_pipeline(const EvalConfig& config, TaskKind kind) {
   if (kind == TaskKind::Perplexity) throw Error("--pipeline h2o has no perplexity task; use --pipeline lm-eval");
 }
 
+// Lengths, depths and the question mode belong to the long-context tasks; the agnostic
+// protocol is a way to prefill and compress.
+void check_long_context(const EvalConfig& config, const Task& task) {
+  const TaskOptions& o = config.task_options;
+  if (!task.long_context()) {
+    if (o.length > 0) throw Error("--length applies to the long-context tasks (ruler_*, niah), not " + config.task);
+    if (o.depth) throw Error("--depth applies to niah, not " + config.task);
+    if (config.question != QuestionMode::Aware)
+      throw Error("--question agnostic needs a task that separates its context from its question (ruler_*, niah); " +
+                  config.task + " does not");
+    return;
+  }
+  if (config.question == QuestionMode::Agnostic && config.protocol != Protocol::PrefillCompress)
+    throw Error("--question agnostic compresses the context before the question is seen: it needs --protocol "
+                "prefill-compress");
+}
+
 EvalResult run(const Model& model, const EvalConfig& config, const Progress& progress) {
   auto started = std::chrono::steady_clock::now();
   auto task = make_task(config.task);
@@ -97,6 +114,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   Usage usage;
 
   check_pipeline(config, task->kind());
+  check_long_context(config, *task);
   if (task->kind() == TaskKind::MultipleChoice) {
     const bool bos = config.bos.value_or(false);
     auto docs = task->multiple_choice_docs(config.task_options);
@@ -136,15 +154,36 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
     const bool h2o = config.task_options.pipeline == Pipeline::H2O;
     const bool bos = config.bos.value_or(!h2o);
-    auto docs = task->generation_docs(config.task_options);
+    const bool long_context = task->long_context();
+    const bool agnostic = config.question == QuestionMode::Agnostic;
+    auto docs = task->generation_docs_for(model.require_tokenizer(), config.task_options);
     // Sampling draws from a per-document seed, so documents can run on several threads.
     std::vector<Generation> generations(docs.size());
     for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
       std::vector<int> prompt = model.encode(docs[d].prompt, bos);
-      const int room = config.max_length - docs[d].max_new_tokens;
-      if (room < 1) throw Error("--max-length " + std::to_string(config.max_length) + " leaves no room for the prompt");
-      if (static_cast<int>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
+      int question_tokens = 0;
+      if (long_context) {
+        // A fitted prompt is never cut: a cut haystack would lose its needles.
+        if (static_cast<int>(prompt.size()) + docs[d].max_new_tokens > config.max_length)
+          throw Error(config.task + " item " + docs[d].id + ": " + std::to_string(prompt.size()) + " prompt tokens plus " +
+                      std::to_string(docs[d].max_new_tokens) + " to generate exceed the model's context of " +
+                      std::to_string(config.max_length) + " tokens (--length " +
+                      std::to_string(config.task_options.length) + ")");
+        // The question starts after the tokens the prompt shares with its context alone,
+        // so both question modes run the same tokens.
+        if (agnostic) {
+          const std::vector<int> context = model.encode(docs[d].prompt.substr(0, *docs[d].question_offset), bos);
+          size_t shared = 0;
+          while (shared < context.size() && shared < prompt.size() && context[shared] == prompt[shared]) ++shared;
+          question_tokens = static_cast<int>(prompt.size() - std::max<size_t>(shared, 1));
+        }
+      } else {
+        const int room = config.max_length - docs[d].max_new_tokens;
+        if (room < 1) throw Error("--max-length " + std::to_string(config.max_length) + " leaves no room for the prompt");
+        if (static_cast<int>(prompt.size()) > room) prompt.erase(prompt.begin(), prompt.end() - room);
+      }
       GenerateOptions options;
+      options.question_tokens = question_tokens;
       options.max_new_tokens = docs[d].max_new_tokens;
       options.stop = docs[d].stop;
       options.temperature = docs[d].temperature.value_or(config.temperature);
@@ -157,6 +196,10 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       if (config.greedy) options.temperature = 0;
       generations[d] = generate(model, *policy, prompt, options);
     }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+    std::vector<std::string> generated;
+    for (const Generation& generation : generations) generated.push_back(generation.text);
+    // The long-context tasks score their answers themselves (RULER's string match, NIAH).
+    const std::optional<GenerationScores> own = task->score_generations(docs, generated);
     std::vector<double> r1, r2, rl;
     for (size_t d = 0; d < docs.size(); ++d) {
       const Generation& generation = generations[d];
@@ -165,16 +208,24 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       outcome.id = docs[d].id;
       outcome.generated = generation.text;
       outcome.reference = docs[d].reference;
-      outcome.rouge = rouge_scores(docs[d].reference, generation.text);
-      r1.push_back(100 * outcome.rouge.rouge1);
-      r2.push_back(100 * outcome.rouge.rouge2);
-      rl.push_back(100 * outcome.rouge.rougeL);
+      if (own) {
+        outcome.score = own->per_doc.at(d);
+        if (long_context) outcome.long_context = docs[d];
+      } else {
+        outcome.rouge = rouge_scores(docs[d].reference, generation.text);
+        r1.push_back(100 * outcome.rouge.rouge1);
+        r2.push_back(100 * outcome.rouge.rouge2);
+        rl.push_back(100 * outcome.rouge.rougeL);
+      }
       result.docs.push_back(outcome);
     }
-    result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
-    std::vector<std::string> generated;
-    for (const auto& doc : result.docs) generated.push_back(doc.generated);
-    for (auto& m : diversity_metrics(generated)) result.metrics.push_back(m);
+    if (own) {
+      result.metrics = own->metrics;
+      if (!docs.empty()) result.haystack = docs.front().haystack;
+    } else {
+      result.metrics = {mean_metric("rouge1", r1), mean_metric("rouge2", r2), mean_metric("rougeL", rl)};
+      for (auto& m : diversity_metrics(generated)) result.metrics.push_back(m);
+    }
     result.n = static_cast<int>(docs.size());
   } else {
     const std::string text = read_text_file(config.task_options.data_dir + "/" + config.text_file);
@@ -258,6 +309,16 @@ void write_predictions(const EvalResult& result, const EvalConfig& config, const
       j["predicted_norm"] = d.prediction.predicted_norm;
       j["scores"] = d.choice_scores;
       j["chosen_loglikelihood"] = d.prediction.chosen_loglikelihood;
+    } else if (d.long_context) {
+      const GenerationDoc& doc = *d.long_context;
+      j["length"] = doc.length;
+      if (doc.depth) j["depth"] = *doc.depth;
+      j["haystack"] = doc.haystack;
+      j["prompt_tokens"] = doc.prompt_tokens;
+      j["prompt"] = doc.prompt;
+      j["references"] = doc.references;
+      j["prediction"] = d.generated;
+      j["score"] = d.score;
     } else {
       j["prediction"] = d.generated;
       j["reference"] = d.reference;

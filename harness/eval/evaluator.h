@@ -1,7 +1,7 @@
 // The task runner: turns a task's requests into model calls under a policy, and the
 // answers into metrics. Multiple choice is scored by log-likelihood (lm-eval 0.3
-// conventions), generation tasks (XSum, CNN/DM) by generation + ROUGE, perplexity by
-// mean NLL.
+// conventions), generation tasks (XSum, CNN/DM) by generation + ROUGE, the long-context
+// tasks by generation and their own scorers, perplexity by mean NLL.
 #pragma once
 #include <functional>
 #include <optional>
@@ -28,6 +28,9 @@ struct DocOutcome {
   std::vector<double> choice_scores;    // multiple choice, under the score mode
   std::string generated, reference;     // generation
   RougeScores rouge{0, 0, 0};           // generation, F in [0, 1]
+  // Long-context tasks: the document as generated and the task's own score of the answer.
+  std::optional<GenerationDoc> long_context;
+  double score = 0;
 };
 
 struct EvalResult {
@@ -38,6 +41,7 @@ struct EvalResult {
   int64_t kv_bytes_peak = 0;  // largest over requests
   double seconds = 0;
   int n = 0;
+  std::string haystack;  // long-context tasks: what fills the context
   std::vector<DocOutcome> docs;
 };
 

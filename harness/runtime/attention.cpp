@@ -343,8 +343,12 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
                                               const torch::Tensor& k, const torch::Tensor& v, int64_t start) {
   PolicyDriver& driver = *cache.driver;
   const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
-  if (t > 1 && start + t > std::max<int64_t>(shape_.prefill_len, 1))
-    throw Error("a block of several tokens can only be the prefill: eviction happens between tokens");
+  // Nothing is evicted inside the prefill or inside an uncompressed question (scorer.h).
+  const bool in_prefill = start + t <= std::max<int64_t>(shape_.prefill_len, 1);
+  const bool in_question = shape_.question_len > 0 && start >= shape_.prefill_len &&
+                           start + t <= shape_.prefill_len + shape_.question_len;
+  if (t > 1 && !in_prefill && !in_question)
+    throw Error("a block of several tokens can only be the prefill or the question: eviction happens between tokens");
   const int64_t n_prev = driver.max_slots(), n = n_prev + t;
   if (!cache.key_buffer.defined()) {
     cache.key_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, k.options());

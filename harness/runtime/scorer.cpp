@@ -74,13 +74,23 @@ Generation generate(const Model& model, const Policy& policy, const std::vector<
   if (prompt.empty()) throw Error("generation needs at least one prompt token (BOS)");
   const int P = static_cast<int>(prompt.size());
   const bool evicting = !policy.keeps_everything();
-  SequenceShape shape = shape_for(model, P, options.stream ? 0 : P);
+  const int Q = options.question_tokens;
+  if (Q < 0 || Q >= P || (Q > 0 && options.stream))
+    throw Error("a question of " + std::to_string(Q) + " tokens cannot follow the compressed part of a " +
+                std::to_string(P) + "-token prompt" + (options.stream ? " under the stream protocol" : ""));
+  SequenceShape shape = shape_for(model, P - Q, options.stream ? 0 : P - Q);
+  shape.question_len = Q;
   policy.validate(shape);
   CacheAttention attention(model, policy, shape);
 
   torch::Tensor last;
   if (options.stream && evicting) {
     for (int i = 0; i < P; ++i) last = model.forward({prompt[i]}, i, attention);
+  } else if (Q > 0) {
+    // The context is compressed after its last row; the question's rows then attend the
+    // compressed cache and enter it uncompressed.
+    model.forward(std::vector<int>(prompt.begin(), prompt.end() - Q), 0, attention);
+    last = model.forward(std::vector<int>(prompt.end() - Q, prompt.end()), P - Q, attention);
   } else {
     last = model.forward(prompt, 0, attention);
   }

@@ -36,6 +36,11 @@ struct GenerateOptions {
   uint64_t seed = 0;
   std::vector<std::string> stop;  // generation ends before the first of these
   bool stream = false;            // true: evict from the first prompt token; false: prefill the prompt
+  // Question-agnostic prefill (stream false): the prompt's last question_tokens tokens
+  // (question and answer prefix) are fed after the rest was prefilled and compressed,
+  // and are not compressed themselves; ratio budgets then refer to the rest. 0: the
+  // whole prompt is prefilled and compressed together (question-aware).
+  int question_tokens = 0;
 };
 
 struct Generation {
@@ -45,7 +50,7 @@ struct Generation {
 };
 
 // Decode mode with a real cache; ratio budgets refer to the prompt length (H2O's
-// summarisation convention).
+// summarisation convention), without the question when it is fed uncompressed.
 Generation generate(const Model& model, const Policy& policy, const std::vector<int>& prompt,
                     const GenerateOptions& options);
 
