@@ -285,3 +285,35 @@ TEST_CASE("a policy whose KV heads keep different slot counts gives the same num
     CHECK(decode.kv.peak_bytes == sim.kv.peak_bytes);
   }
 }
+
+TEST_CASE("heads that compress on threads of their own give the same row moves in head order", "[driver][moves]") {
+  const int threads = at::get_num_threads();
+  PolicyOptions o;
+  o.budget.ratio = 0.2;
+  const int T = 300, n_q = 8, n_kv = 8;
+  for (const std::string name : {"h2o", "snapkv", "knorm"}) {
+    auto policy = make_policy(name, o);
+    const SequenceShape shape = shape_of(T, n_q, n_kv, T);  // the whole block is the prefill
+    std::vector<std::vector<int>> runs;  // per run: (kv head, from, to) of each move, flattened
+    for (int run_threads : {1, 2, 2, 2}) {
+      at::set_num_threads(run_threads);
+      PolicyDriver driver(*policy->as_realisable(), 0, shape, 0, SlotColumns::CacheRows);
+      std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
+      for (int h = 0; h < n_q; ++h)
+        for (int r = 0; r < T; ++r)
+          for (int j = 0; j < T; ++j) logits[(static_cast<size_t>(h) * T + r) * T + j] = static_cast<float>(logit(h, r, j));
+      std::vector<float> norms(static_cast<size_t>(T) * n_kv);
+      for (int r = 0; r < T; ++r)
+        for (int kv = 0; kv < n_kv; ++kv) norms[r * n_kv + kv] = 1.0f + static_cast<float>((r * 7 + kv) % 11);
+      driver.rows(0, T, T, logits.data(), norms.data());
+      std::vector<int> moves;
+      for (const RowMove& m : driver.take_moves()) moves.insert(moves.end(), {m.kv_head, m.from, m.to});
+      runs.push_back(moves);
+    }
+    at::set_num_threads(threads);
+    INFO(name);
+    REQUIRE(!runs[0].empty());
+    for (size_t m = 3; m < runs[0].size(); m += 3) CHECK(runs[0][m - 3] <= runs[0][m]);  // head order
+    for (size_t run = 1; run < runs.size(); ++run) CHECK(runs[run] == runs[0]);
+  }
+}

@@ -71,7 +71,10 @@ void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, double* logits, 
 
 std::vector<RowMove> PolicyDriver::take_moves() {
   std::vector<RowMove> moves;
-  moves.swap(moves_);
+  for (Head& head : heads_) {
+    moves.insert(moves.end(), head.moves.begin(), head.moves.end());
+    head.moves.clear();
+  }
   return moves;
 }
 
@@ -132,7 +135,7 @@ void PolicyDriver::compress(Head& head, int kv, int64_t position) {
       if (row < count) continue;
       while (used[free_row]) ++free_row;
       used[free_row] = 1;
-      moves_.push_back({kv, row, free_row});
+      head.moves.push_back({kv, row, free_row});
       row = free_row;
     }
   }

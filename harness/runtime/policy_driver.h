@@ -76,6 +76,9 @@ class PolicyDriver {
     std::vector<std::vector<double>> exps;  // [group][slots]: scratch of the softmax
     std::vector<int> keep;            // compress's answer
     std::vector<int> row_slots;       // [rows of the block]: slots after each append
+    // Its row moves since take_moves; per head, because heads may compress on
+    // threads of their own.
+    std::vector<RowMove> moves;
     int visible = 0;                  // slots its latest query saw
     const char* vis = nullptr;        // the latest query's pattern (null: no pattern)
     int64_t oldest = 0;               // the oldest position the latest query sees
@@ -98,7 +101,6 @@ class PolicyDriver {
   SlotColumns columns_;
   bool lockstep_ = false;
   std::vector<Head> heads_;
-  std::vector<RowMove> moves_;
   int64_t peak_total_slots_ = 0;
   int peak_head_slots_ = 0;
   int last_visible_ = 0;
