@@ -61,6 +61,17 @@ std::vector<Heatmap> depth_length_heatmaps(const std::vector<ResultRow>& rows) {
     map.label = extras.empty() ? policy : policy + " (" + extras + ")";
     kept.push_back(std::move(map));
   }
+  for (Heatmap& map : kept) {
+    map.low = 0;
+    map.high = 0;
+    for (const Heatmap& other : kept)
+      if (other.task == map.task && other.metric == map.metric)
+        for (const auto& [cell, value] : other.cells) {
+          map.low = std::min(map.low, value);
+          map.high = std::max(map.high, value);
+        }
+    if (!(map.high > map.low)) map.high = map.low + 1;
+  }
   return kept;
 }
 
@@ -87,17 +98,16 @@ std::string colour(double share) {
 
 std::string render_heatmap_svg(const Heatmap& map) {
   const double cell_w = 64, cell_h = 26, left = 90, top = 56, bottom = 56, right = 30;
-  const double width = left + cell_w * map.lengths.size() + right;
+  const std::string title = map.task + ": " + map.metric + ", " + map.label;
+  // Wide enough for the title at about 8 px a character.
+  const double width = std::max(left + cell_w * map.lengths.size() + right, 8.0 * title.size() + 20);
   const double height = top + cell_h * map.depths.size() + bottom;
-  double low = 0, high = 0;
-  for (const auto& [cell, value] : map.cells) high = std::max(high, value);
-  for (const auto& [cell, value] : map.cells) low = std::min(low, value);
-  if (!(high > low)) high = low + 1;
+  const double low = map.low, high = map.high;
   std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + number(width, 0) + "\" height=\"" +
                     number(height, 0) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   svg += "<text x=\"" + number(width / 2, 1) + "\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">" +
-         xml_escape(map.task + ": " + map.metric + ", " + map.label) + "</text>\n";
+         xml_escape(title) + "</text>\n";
   svg += "<text x=\"" + number(width / 2, 1) + "\" y=\"38\" text-anchor=\"middle\" fill=\"#555\">colour from " +
          number(low, 1) + " (red) to " + number(high, 1) + " (green); empty: not run</text>\n";
   for (std::size_t y = 0; y < map.depths.size(); ++y) {

@@ -17,6 +17,8 @@ struct Heatmap {
   std::vector<int> lengths;                   // the x axis, ascending
   std::vector<double> depths;                 // the y axis, ascending (0: the needle first)
   std::map<std::pair<int, double>, double> cells;  // (length, depth) -> the mean value there
+  // The colour scale, shared by every heatmap of the task and metric so that they compare.
+  double low = 0, high = 1;
 };
 
 // One heatmap per group of rows that has a length and a depth and differs in nothing

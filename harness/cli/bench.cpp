@@ -365,6 +365,15 @@ int run_make_random_model(const RandomModelArgs& a) {
     throw Error("make-random-model: the head width (--hidden / --heads or --head-dim) must be even for RoPE");
   if (fs::exists(a.out) && !fs::is_directory(a.out))
     throw Error("make-random-model: --out " + a.out + " is a file, not a folder");
+  const std::vector<std::string> kTokenizerFiles = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                                    "vocab.json", "merges.txt", "special_tokens_map.json"};
+  std::vector<std::string> tokenizer_files;
+  if (!a.tokenizer_from.empty()) {
+    for (const auto& name : kTokenizerFiles)
+      if (fs::is_regular_file(fs::path(a.tokenizer_from) / name)) tokenizer_files.push_back(name);
+    if (tokenizer_files.empty())
+      throw Error("make-random-model: --tokenizer-from " + a.tokenizer_from + " holds no tokenizer files");
+  }
   const bool qwen3 = a.arch == "qwen3";
   fs::create_directories(a.out);
   const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads, I = a.intermediate;
@@ -412,6 +421,8 @@ int run_make_random_model(const RandomModelArgs& a) {
     throw Error(weights_path + ": cannot write the weights (disk full?)");
   }
   publish_file(temporary, weights_path);
+  for (const auto& name : tokenizer_files)
+    write_file_atomically((fs::path(a.out) / name).string(), read_text_file((fs::path(a.tokenizer_from) / name).string()));
   write_file_atomically(config_path, config.dump(2) + "\n");
   std::cout << "wrote " << a.out << " (" << offset / (1 << 20) << " MiB of F32 weights)\n";
   return 0;

@@ -55,6 +55,7 @@ struct RandomModelArgs {
   uint64_t seed = 0;
   std::string arch = "llama";  // "llama" or "qwen3" (explicit head_dim, q/k norm)
   int head_dim = 0;            // 0: hidden / heads
+  std::string tokenizer_from;  // a model folder whose tokenizer files are copied (long-context tasks need one)
 };
 int run_make_random_model(const RandomModelArgs& args);
 

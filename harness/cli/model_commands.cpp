@@ -65,6 +65,9 @@ void add_random_model_flags(CLI::App& cmd, RandomModelArgs& random_model) {
       ->check(CLI::IsMember({"llama", "qwen3"}))
       ->capture_default_str();
   cmd.add_option("--head-dim", random_model.head_dim, "per-head width (0: hidden / heads)")->capture_default_str();
+  cmd.add_option("--tokenizer-from", random_model.tokenizer_from,
+                 "copy this model folder's tokenizer files (e.g. the bundled stories260K's), for tasks that need "
+                 "a tokenizer; its vocabulary must fit --vocab");
 }
 
 struct CheckModelArgs {

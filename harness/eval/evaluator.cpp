@@ -163,12 +163,13 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       std::vector<int> prompt = model.encode(docs[d].prompt, bos);
       int question_tokens = 0;
       if (long_context) {
-        // A fitted prompt is never cut: a cut haystack would lose its needles.
-        if (static_cast<int>(prompt.size()) + docs[d].max_new_tokens > config.max_length)
+        // A fitted prompt is never cut (a cut haystack would lose its needles), so the
+        // limit is the model's context, not lm-eval's --max-length.
+        const int64_t context = model.arch().max_positions;
+        if (static_cast<int64_t>(prompt.size()) + docs[d].max_new_tokens > context)
           throw Error(config.task + " item " + docs[d].id + ": " + std::to_string(prompt.size()) + " prompt tokens plus " +
                       std::to_string(docs[d].max_new_tokens) + " to generate exceed the model's context of " +
-                      std::to_string(config.max_length) + " tokens (--length " +
-                      std::to_string(config.task_options.length) + ")");
+                      std::to_string(context) + " tokens (--length " + std::to_string(config.task_options.length) + ")");
         // The question starts after the tokens the prompt shares with its context alone,
         // so both question modes run the same tokens.
         if (agnostic) {
