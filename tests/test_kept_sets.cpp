@@ -419,7 +419,8 @@ Pattern fixed(int l, int c) {
           [l, c](int i, int j) { return j % l >= l - c || j / l == (i + 1) / l; }};
 }
 
-enum class Scorer { H2O, TOVA };  // accumulated attention per KV head; the last query's, averaged over the layer
+// Accumulated attention per KV head; the last query's, averaged over the layer; the position.
+enum class Scorer { H2O, TOVA, Newest };
 
 // seen[i][kv]: the keys query i sees (one query head per KV head, no prefill).
 std::vector<std::vector<Positions>> composed_reference(int length, int n_kv, int heavy, const Pattern& pattern,
@@ -442,6 +443,7 @@ std::vector<std::vector<Positions>> composed_reference(int length, int n_kv, int
     }
     for (int kv = 0; kv < n_kv; ++kv) {
       auto value = [&](int j) {
+        if (scorer == Scorer::Newest) return static_cast<double>(j);
         if (scorer == Scorer::H2O) return score[kv].count(j) ? score[kv][j] : 0.0;
         double mean = 0;
         for (int other = 0; other < n_kv; ++other) mean += score[other].count(j) ? score[other][j] / n_kv : 0.0;
@@ -532,6 +534,41 @@ TEST_CASE("snapkv+sparse-fixed and h2o+sparse-fixed follow the same rule", "[pol
     CHECK(h2o.seen[i][0] == accumulated[i][0]);
   }
   CHECK(last != accumulated);  // the two scores choose differently here
+}
+
+TEST_CASE("local and streamingllm on a pattern: the heavy slots go to the newest keys the pattern skips",
+          "[policies][kept][compose]") {
+  // On their own, local and streamingllm have no heavy part (their score, the position,
+  // decides nothing there). On a pattern, the budget beyond the pattern is theirs: stride
+  // 3, or blocks of 4 with 1 summary, over 12 tokens attends at most 5 earlier keys, and 7
+  // tokens leave 2 heavy hitters, the newest keys outside query i's pattern.
+  const SequenceShape shape = make_shape(12, 0);
+  const Weight weight = [](int, int i, int j) { return 1.0 + (i * j) % 4; };
+  PolicyOptions strided_options = token_budget(7);
+  strided_options.params.set("stride", 3);
+  const test::LayerTrace local = run(*make_policy("local+sparse-strided", strided_options), shape, weight);
+  for (int i = 0; i < 12; ++i) {
+    // The strided pattern holds every key: query i sees its pattern, itself and the two
+    // newest keys j < i the pattern skips.
+    Positions want, skipped;
+    for (int j = 0; j <= i; ++j) (strided(3).attends(i, j) ? want : skipped).push_back(j);
+    for (size_t k = skipped.size() >= 2 ? skipped.size() - 2 : 0; k < skipped.size(); ++k) want.push_back(skipped[k]);
+    std::sort(want.begin(), want.end());
+    INFO("local+sparse-strided query " << i);
+    CHECK(local.seen[i][0] == want);
+  }
+  CHECK(local.seen[11][0] == Positions{2, 5, 6, 7, 8, 9, 10, 11});  // pattern 2, 5, 8..11; newest skipped 6, 7
+  PolicyOptions fixed_options = token_budget(7);
+  fixed_options.params.set("stride", 4);
+  const test::LayerTrace streaming = run(*make_policy("streamingllm+sparse-fixed", fixed_options), shape, weight);
+  const auto expected = composed_reference(12, 1, 2, fixed(4, 1), Scorer::Newest, weight);
+  for (int i = 0; i < 12; ++i) {
+    INFO("streamingllm+sparse-fixed query " << i);
+    CHECK(streaming.seen[i][0] == expected[i][0]);
+  }
+  // By hand: query 8 (block 8..11) sees itself, the summaries 3 and 7, and the newest two
+  // keys of the finished block, 5 and 6.
+  CHECK(streaming.seen[8][0] == Positions{3, 5, 6, 7, 8});
 }
 
 // ---------------------------------------------------------------------------------
