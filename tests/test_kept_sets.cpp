@@ -692,3 +692,38 @@ TEST_CASE("h2o-paper's masks follow its rule step by step on hand-made logits", 
     check_rows(probs, logits, T, h, keep);
   }
 }
+
+TEST_CASE("sparse-strided and sparse-fixed alone: a query sees its pattern, the cache what later queries need",
+          "[policies][kept][compose]") {
+  const SequenceShape shape = make_shape(13, 0, 2, 2);
+  const Weight weight = [](int, int i, int j) { return 1.0 + (i + 2 * j) % 3; };
+  for (const std::string name : {"sparse-strided", "sparse-fixed"}) {
+    PolicyOptions o;
+    o.params.set("stride", 4);
+    const Pattern pattern = name == "sparse-strided" ? strided(4) : fixed(4, 1);
+    const test::LayerTrace trace = run(*make_policy(name, o), shape, weight);
+    for (int i = 0; i < 13; ++i)
+      for (int kv = 0; kv < 2; ++kv) {
+        Positions sees, cached;
+        for (int j = 0; j <= i; ++j) {
+          if (pattern.attends(i, j)) sees.push_back(j);
+          if (pattern.needed_later(i, j)) cached.push_back(j);
+        }
+        INFO(name << " query " << i << " KV " << kv);
+        CHECK(trace.seen[i][kv] == sees);
+        CHECK(trace.positions[i][kv] == cached);
+      }
+  }
+}
+
+TEST_CASE("full keeps every token; every registered policy has its kept sets tested here", "[policies][kept]") {
+  const SequenceShape shape = make_shape(10, 0, 2, 1);
+  const test::LayerTrace trace = run(*make_policy("full", {}), shape, one_hot([](int i) { return i / 3; }));
+  for (int i = 0; i < 10; ++i) CHECK(trace.positions[i][0] == range(0, i));
+  // The cases above, by policy. A policy added to the registry changes this list, and
+  // with it gets a case here that says which tokens it keeps.
+  const std::vector<std::string> tested = {"full",      "local",       "random",       "h2o",    "h2o-paper",
+                                           "h2o-global", "streamingllm", "tova",        "snapkv", "pyramidkv",
+                                           "scissorhands", "knorm",     "sparse-strided", "sparse-fixed"};
+  CHECK(policy_names() == tested);
+}
