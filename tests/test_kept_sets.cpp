@@ -218,7 +218,7 @@ TEST_CASE("tova keeps what the last query attends most, averaged over all heads 
 }
 
 // ---------------------------------------------------------------------------------
-TEST_CASE("snapkv scores the last `window` queries' attention, pooled along the keys", "[policies][kept]") {
+TEST_CASE("snapkv sums the attention of the queries in its window, pooled along the keys", "[policies][kept]") {
   // 8 queries, one compression after the last; 4 tokens = 2 heavy + 2 recent (6, 7).
   // Queries 0..5 attend key 0 (outside a window of 2); queries 6 and 7 give k1 and k3
   // .5 each. Window sums: k1 1, k3 1, the rest 0.
