@@ -1,13 +1,20 @@
 // kvevict analyze: the golden attention statistics, block-wise computation, recall
 // and persistence sanity, outputs and errors.
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
 
 #include "harness/analysis/analyze.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
 #include "harness/runtime/attention.h"
+#include "harness/runtime/scorer.h"
+#include "tests/policy_drive.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
 #undef CHECK
@@ -136,6 +143,135 @@ TEST_CASE("attention recall and heavy-hitter persistence behave as defined", "[a
     CHECK(layer.persistence_at(1) > 0.9);
     CHECK(layer.persistence_at(64) < layer.persistence_at(1));
     CHECK(layer.rank_profile.size() == tokens.size());
+  }
+}
+
+TEST_CASE("analyze's recall and persistence equal a brute force over the model's own attention",
+          "[analyze][kept]") {
+  // The reference: stories260K's logits, attention and key norms, observed under full
+  // attention; each recall policy's kept sets worked out here (local and streamingllm by
+  // their definition, the others through their LayerStates over a masked softmax of the
+  // observed logits, as tests/policy_drive.h drives them), and the heavy-hitter sets by a
+  // full sort of the accumulated attention.
+  const Model& model = test::stories();
+  const auto tokens = test::golden_tokens();
+  const int T = static_cast<int>(tokens.size()), hq = static_cast<int>(model.arch().n_heads),
+            hkv = static_cast<int>(model.arch().n_kv_heads), group = hq / hkv, layers = static_cast<int>(model.arch().n_layers);
+  REQUIRE(model.arch().sliding_window == 0);
+  std::vector<std::vector<double>> probs(layers, std::vector<double>(static_cast<size_t>(hq) * T * T, 0.0));
+  std::vector<std::vector<float>> logits(layers, std::vector<float>(static_cast<size_t>(hq) * T * T, 0.0f));
+  std::vector<std::vector<float>> norms(layers);  // [layer][position * hkv + kv]
+  FullAttention observed(
+      [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& l,
+          const torch::Tensor& p) {
+        const auto p64 = p.to(torch::kFloat64).contiguous();
+        const auto l32 = l.to(torch::kFloat32).contiguous();
+        for (int h = 0; h < hq; ++h)
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < n; ++j) {
+              const size_t at = (static_cast<size_t>(h) * T + first + r) * T + j;
+              probs[layer][at] = p64.data_ptr<double>()[(h * rows + r) * n + j];
+              logits[layer][at] = l32.data_ptr<float>()[(h * rows + r) * n + j];
+            }
+        const auto key_norms = k.to(torch::kFloat32).norm(2, -1).contiguous();  // [T, hkv]
+        norms[layer].assign(key_norms.data_ptr<float>(), key_norms.data_ptr<float>() + key_norms.numel());
+      },
+      37);  // analyze's blocks below: the same products, so the same bits
+  model.forward(tokens, 0, observed);
+
+  AnalyzeOptions options;
+  options.recall_policies = {"local", "streamingllm", "h2o", "tova", "knorm", "snapkv"};
+  options.recall_budgets = {0.1, 0.3};
+  options.persistence_deltas = {1, 4, 16, 64};
+  options.block_rows = 37;
+  const AttentionAnalysis analysis = analyze_attention(model, {tokens}, options);
+  REQUIRE(static_cast<int>(analysis.layers.size()) == layers);
+  const SequenceShape shape = shape_for(model, T, 0);
+
+  for (int layer = 0; layer < layers; ++layer) {
+    const auto p = [&](int h, int i, int j) { return probs[layer][(static_cast<size_t>(h) * T + i) * T + j]; };
+    // seen[i][kv]: the keys query i sees under one policy; recall and attended from them.
+    auto recall_of = [&](const std::vector<std::vector<std::vector<int>>>& seen) {
+      double mass = 0, attended = 0;
+      for (int i = 0; i < T; ++i)
+        for (int h = 0; h < hq; ++h) {
+          for (int j : seen[i][h / group]) mass += p(h, i, j);
+          attended += static_cast<double>(seen[i][h / group].size()) - 1;
+        }
+      return std::make_pair(mass / (T * hq), attended / (T * hq));
+    };
+    for (const std::string& name : options.recall_policies)
+      for (double budget : options.recall_budgets) {
+        const int tokens_kept = static_cast<int>(budget * T);
+        std::vector<std::vector<std::vector<int>>> seen(T, std::vector<std::vector<int>>(hkv));
+        if (name == "local" || name == "streamingllm") {
+          // local: keys i - budget .. i. streamingllm: 4 sinks and keys i - (budget - 4) .. i.
+          const int sinks = name == "local" ? 0 : 4;
+          for (int i = 0; i < T; ++i)
+            for (int kv = 0; kv < hkv; ++kv)
+              for (int j = 0; j <= i; ++j)
+                if (j < sinks || j >= i - (tokens_kept - sinks)) seen[i][kv].push_back(j);
+        } else {
+          PolicyOptions o;
+          o.budget.ratio = budget;
+          auto policy = make_policy(name, o);
+          LayerStates states = policy->as_realisable()->make_layer_states(layer, shape);
+          const test::LayerTrace trace = test::drive_layer_states(
+              states, shape,
+              [&](int h, int i, const std::vector<int>& positions, const std::vector<char>* visible, float* out) {
+                // The softmax of the query's logits over the slots it sees, in double.
+                const float* row = logits[layer].data() + (static_cast<size_t>(h) * T + i) * T;
+                double m = -std::numeric_limits<double>::infinity(), sum = 0;
+                std::vector<double> e(positions.size(), 0.0);
+                for (size_t s = 0; s < positions.size(); ++s)
+                  if (!visible || (*visible)[s]) m = std::max<double>(m, row[positions[s]]);
+                for (size_t s = 0; s < positions.size(); ++s)
+                  if (!visible || (*visible)[s]) sum += (e[s] = std::exp(row[positions[s]] - m));
+                const double inv = 1.0 / sum;
+                for (size_t s = 0; s < positions.size(); ++s) out[s] = static_cast<float>(e[s] * inv);
+              },
+              [&](int kv, int position) { return norms[layer][static_cast<size_t>(position) * hkv + kv]; });
+          seen = trace.seen;
+        }
+        const auto [recall, attended] = recall_of(seen);
+        const RecallStatistics& got = analysis.layers[layer].recall.at(name).at(budget);
+        INFO("layer " << layer << " " << name << " budget " << budget);
+        CHECK(got.rows == T * hq);
+        CHECK(std::abs(got.recall() - recall) < 1e-12);
+        CHECK(std::abs(got.attended() - attended) < 1e-12);
+        CHECK(recall < 1.0 - 1e-6);  // the budget evicts attention: the check compares something
+      }
+
+    // Persistence: the top k = int(0.1 T) keys by attention accumulated over queries 0..i
+    // (the lower position among equals), for every i >= k; the mean overlap of the sets
+    // delta steps apart, over heads and steps.
+    const int k = std::max(1, static_cast<int>(0.1 * T));
+    std::map<int, std::pair<double, double>> overlap;  // delta -> (sum, count)
+    for (int h = 0; h < hq; ++h) {
+      std::vector<double> acc(T, 0.0);
+      std::vector<std::set<int>> top(T);
+      for (int i = 0; i < T; ++i) {
+        for (int j = 0; j <= i; ++j) acc[j] += p(h, i, j);
+        if (i < k) continue;
+        std::vector<int> order(i + 1);
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return acc[a] != acc[b] ? acc[a] > acc[b] : a < b; });
+        top[i] = std::set<int>(order.begin(), order.begin() + k);
+        for (int delta : options.persistence_deltas) {
+          if (i - delta < k) continue;
+          int common = 0;
+          for (int j : top[i]) common += static_cast<int>(top[i - delta].count(j));
+          overlap[delta].first += static_cast<double>(common) / k;
+          overlap[delta].second += 1;
+        }
+      }
+    }
+    for (int delta : options.persistence_deltas) {
+      INFO("layer " << layer << " persistence delta " << delta);
+      const double want = overlap[delta].first / overlap[delta].second;
+      CHECK(std::abs(analysis.layers[layer].persistence_at(delta) - want) < 1e-12);
+      CHECK(want < 1.0);  // the sets do change: the comparison is not of two constants
+    }
   }
 }
 

@@ -206,7 +206,9 @@ class SequenceAnalyzer {
   // query sees, and the share of full attention they hold.
   void recall(RecallRun& run, int64_t first, int64_t rows, int64_t width, const torch::Tensor& logits,
               const double* probs) {
-    auto policy_logits = logits.to(torch::kCPU).contiguous();  // [hq, rows, width], overwritten
+    // [hq, rows, width], overwritten by the driver. A copy even on the CPU (to() alone
+    // returns the tensor itself there), so the next run still reads logits.
+    auto policy_logits = logits.to(torch::kCPU, logits.scalar_type(), /*non_blocking=*/false, /*copy=*/true).contiguous();
     visible_.resize(static_cast<size_t>(hkv_) * rows * width);
     const float* norms = norms_.data_ptr<float>() + first * hkv_;
     if (policy_logits.scalar_type() == torch::kFloat64)
