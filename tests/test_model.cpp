@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <torch/cuda.h>
 
 #include "harness/runtime/attention.h"
 #include "harness/common/errors.h"
@@ -232,7 +233,7 @@ TEST_CASE("bfloat16 and float16 compute match the float64 golden within their ro
   CHECK(mean_error["float16"] > 0);  // it really computed in float16
 }
 
-TEST_CASE("--dtype float16 and bfloat16 run from the command line", "[model][dtype][cli]") {
+TEST_CASE("the command line runs --dtype float16 and bfloat16", "[model][dtype][cli]") {
   const std::string tokens = test::temp_dir("dtype_cli") + "/tokens.txt";
   {
     std::ofstream out(tokens);
@@ -334,7 +335,7 @@ TEST_CASE("bad checkpoints fail with one line naming the file or tensor", "[mode
   }
 }
 
-TEST_CASE("--device cuda without a CUDA device is refused with one line naming the device", "[model][cli][errors]") {
+TEST_CASE("with no CUDA device --device cuda is refused with one line naming the device", "[model][cli][errors]") {
   if (torch::cuda::is_available()) {
     KVEVICT_SKIP("this LibTorch sees a CUDA device, so --device cuda is not refused here");
     return;
