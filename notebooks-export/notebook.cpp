@@ -67,6 +67,26 @@ class NotebookBuilder {
   json cells_ = json::array();
 };
 
+// A results value as Markdown text: Jupyter renders HTML inside Markdown, so a value
+// such as <script>...</script> must arrive as text (&lt;script&gt;), and Markdown's own
+// emphasis, link and code syntax in it must not apply.
+std::string markdown_text(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\n': case '\r': out += ' '; break;
+      default:
+        if (std::string("\\`*_[]").find(c) != std::string::npos) out += '\\';
+        out += c;
+    }
+  }
+  return out;
+}
+
 std::string distinct_list(const std::vector<ResultRow>& rows,
                           std::string ResultRow::*member) {
   std::vector<std::string> values;
@@ -74,7 +94,7 @@ std::string distinct_list(const std::vector<ResultRow>& rows,
   for (const auto& row : rows)
     if (seen.insert(row.*member).second) values.push_back(row.*member);
   std::string list;
-  for (const auto& value : values) list += (list.empty() ? "" : ", ") + value;
+  for (const auto& value : values) list += (list.empty() ? "" : ", ") + markdown_text(value);
   return list.empty() ? "(none)" : list;
 }
 

@@ -18,6 +18,7 @@
 
 #include "harness/common/errors.h"
 #include "harness/common/kill_points.h"
+#include "harness/common/utf8.h"
 
 namespace kvevict {
 
@@ -499,7 +500,38 @@ void append_rows_durably(const std::string& path, const std::vector<ResultRow>& 
   if (info.st_size == 0) fsync_parent_directory(path);  // make a new file's name durable
 }
 
-std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
+namespace {
+
+// What a table, plot or notebook cannot show faithfully: "" when the field is fine.
+std::string export_problem(const ResultColumn& column, const std::string& text) {
+  if (text.find('\0') != std::string::npos) return "column '" + std::string(column.name) + "' holds a NUL byte";
+  for (std::size_t at = 0; at < text.size();) {
+    const Utf8Char c = decode_utf8_at(text, at);
+    if (!c.valid) return "column '" + std::string(column.name) + "' is not valid UTF-8 (byte " + std::to_string(at + 1) + ")";
+    at += c.length;
+  }
+  if (!column.is_text() && !text.empty()) {
+    const double value = std::strtod(text.c_str(), nullptr);
+    if (!std::isfinite(value))
+      return "column '" + std::string(column.name) + "': " + text + " is not a finite number";
+  }
+  return "";
+}
+
+std::vector<ResultRow> read_results(const std::string& path, bool repair, bool for_export);
+
+}  // namespace
+
+std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) { return read_results(path, repair, false); }
+
+std::vector<ResultRow> read_results_for_export(const std::string& path) {
+  std::vector<ResultRow> rows = read_results(path, false, true);
+  if (rows.empty()) throw Error(path + ": no result rows (only a header, or empty): nothing to export");
+  return rows;
+}
+
+namespace {
+std::vector<ResultRow> read_results(const std::string& path, bool repair, bool for_export) {
   if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a results CSV");
   const std::string whole = read_whole_file(path);
   // Appends are whole lines in one write(), so a kill can only leave bytes after the
@@ -533,6 +565,11 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
                   std::to_string(record.fields.size()));
     std::map<std::string, std::string> fields;
     for (std::size_t c = 0; c < column_count; ++c) fields[file_columns[c]] = record.fields[c];
+    if (for_export)
+      for (const auto& column : result_column_table()) {
+        const std::string problem = export_problem(column, field_or_empty(fields, column.name));
+        if (!problem.empty()) throw Error(where + problem);
+      }
     try {
       rows.push_back(ResultRow::from_fields(fields));
     } catch (const Error& error) {
@@ -542,5 +579,7 @@ std::vector<ResultRow> read_results_csv(const std::string& path, bool repair) {
   if (repair && keep_until < whole.size()) truncate_durably(path, keep_until);
   return rows;
 }
+
+}  // namespace
 
 }  // namespace kvevict

@@ -134,4 +134,9 @@ void append_rows_durably(const std::string& path, const std::vector<ResultRow>& 
 // anywhere else throws kvevict::Error naming file:line.
 std::vector<ResultRow> read_results_csv(const std::string& path, bool repair = false);
 
+// read_results_csv for tables, plots and notebooks, which show the text and numbers: also
+// refuses (naming file:line and column) a NUL byte, invalid UTF-8, a number that is not
+// finite (nan, 1e999), and a file with no rows.
+std::vector<ResultRow> read_results_for_export(const std::string& path);
+
 }  // namespace kvevict

@@ -163,6 +163,15 @@ std::vector<std::vector<std::string>> order_labels(
               " (or put that column in the row or column key)");
 }
 
+// A table.csv field that a spreadsheet will not run as a formula (OWASP, CSV injection):
+// text starting with =, +, -, @, a tab or a carriage return gets a leading ' (numbers
+// such as -0.5 stay numbers), then RFC 4180 quoting.
+std::string spreadsheet_field(const std::string& text) {
+  const bool formula_start = !text.empty() && std::string("=+-@\t\r").find(text[0]) != std::string::npos;
+  if (formula_start && !as_number(text)) return csv_quote("'" + text);
+  return csv_quote(text);
+}
+
 std::string escape_markdown(const std::string& text) {
   if (text.empty()) return "n/a";  // an empty key field: e.g. the full cache's budget
   std::string escaped;
@@ -269,12 +278,12 @@ std::string PivotTable::to_markdown() const {
 
 std::string PivotTable::to_csv() const {
   std::vector<std::string> header;
-  for (const auto& column : row_key_columns) header.push_back(csv_quote(column));
-  for (const auto& label : column_labels) header.push_back(csv_quote(label));
+  for (const auto& column : row_key_columns) header.push_back(spreadsheet_field(column));
+  for (const auto& label : column_labels) header.push_back(spreadsheet_field(label));
   std::string text = join(header, ",") + "\n";
   for (std::size_t r = 0; r < row_labels.size(); ++r) {
     std::vector<std::string> line;
-    for (const auto& label : row_labels[r]) line.push_back(csv_quote(label));
+    for (const auto& label : row_labels[r]) line.push_back(spreadsheet_field(label));
     for (const auto& cell : cells[r]) line.push_back(cell ? format_table_value(cell->value) : "");
     text += join(line, ",") + "\n";
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -773,6 +774,180 @@ std::vector<Case> cases() {
               "models/tiny-random-qwen3");
   config_case("llama 3 heads on hidden 64 (blamed partial_rotary_factor)",
               {{"num_attention_heads", 3}, {"num_key_value_heads", 3}}, "hidden_size 64 / num_attention_heads 3");
+
+  // Outputs (issue 32): no command writes onto a sweep folder's own files; every output is
+  // checked before any work starts. R is a finished sweep folder.
+  auto sweep_folder = [](const std::string& d) {
+    write(d + "/R/results.csv", results_header() + good_row());
+    write(d + "/R/config.json", R"({"config": {"tasks": ["copa"]}, "shard": [0, 1]})");
+    return d + "/R";
+  };
+  auto output_case = [&](const std::string& name, std::function<std::string(const std::string&)> args,
+                         std::vector<std::string> expected) {
+    c.push_back({"outputs", name, [=](const std::string& d) { return args(sweep_folder(d)); }, expected});
+  };
+  output_case("export --notebook R/results.csv (was overwritten)",
+              [](const std::string& r) { return "export " + r + " --notebook " + r + "/results.csv"; },
+              {"--notebook", "results.csv", "never overwrites"});
+  output_case("export --notebook R/config.json (was overwritten)",
+              [](const std::string& r) { return "export " + r + " --notebook " + r + "/config.json"; },
+              {"--notebook", "config.json"});
+  output_case("export --notebook into a folder (was found after the work)",
+              [](const std::string& r) { return "export " + r + " --notebook " + r; }, {"--notebook", "is a folder"});
+  output_case("table --out R/results (was R/results.csv overwritten)",
+              [](const std::string& r) { return "table " + r + " --out " + r + "/results"; },
+              {"--out", "results.csv", "never overwrites"});
+  output_case("eval --predictions R/results.csv (was overwritten after the eval)",
+              [](const std::string& r) { return "eval --task copa --limit 2 --predictions " + r + "/results.csv"; },
+              {"--predictions", "results.csv", "never overwrites"});
+  output_case("eval --predictions a folder (was refused only after the whole eval)",
+              [](const std::string& r) { return "eval --task copa --limit 2 --predictions " + r; },
+              {"--predictions", "is a folder"});
+  output_case("eval --predictions in a missing folder",
+              [](const std::string& r) { return "eval --task copa --limit 2 --predictions " + r + "/no/p.jsonl"; },
+              {"--predictions", "does not exist"});
+  output_case("export --svg into a Slurm folder's slurm/",
+              [](const std::string& r) {
+                write(r + "/slurm/sweep.json", "{}");
+                return "export " + r + " --svg " + r + "/slurm";
+              },
+              {"--svg", "slurm/"});
+  output_case("eval --predictions onto a sweep's lock file",
+              [](const std::string& r) {
+                write(r + "/.kvevict.lock", "");
+                return "eval --task copa --limit 2 --predictions " + r + "/.kvevict.lock";
+              },
+              {"--predictions", ".kvevict.lock"});
+
+  // analyze --config: an entry's name is one folder under --out.
+  auto analyze_entry_case = [&](const std::string& name, const std::string& entry, std::vector<std::string> expected) {
+    c.push_back({"analyze config", name,
+                 [=](const std::string& d) {
+                   write(d + "/sweep.json", R"({"tasks": ["copa"], "analyze": [)" + entry + "]}");
+                   return "analyze --config " + d + "/sweep.json --out " + d + "/out";
+                 },
+                 expected});
+  };
+  analyze_entry_case("entry name ../../x (was written outside --out)",
+                     R"({"name": "../../x", "text_file": "text/tinystories_sample.txt"})",
+                     {"sweep.json", "\"name\"", "../../x", "one path component"});
+  analyze_entry_case("entry name /tmp/x (was written there)",
+                     R"({"name": "/tmp/kvevict_analyze_x", "text_file": "text/tinystories_sample.txt"})",
+                     {"sweep.json", "\"name\"", "/tmp/kvevict_analyze_x"});
+  analyze_entry_case("entry name .. (was --out's parent)", R"({"name": "..", "text_file": "text/tinystories_sample.txt"})",
+                     {"sweep.json", "\"name\"", "\"..\""});
+  analyze_entry_case("entry with text_file and task (was a CLI-flag message)",
+                     R"({"name": "a", "task": "copa", "text_file": "text/tinystories_sample.txt"})",
+                     {"sweep.json", "analyze entry \"a\"", "\"text_file\"", "\"task\"", "not both"});
+  analyze_entry_case("entry with neither text_file nor task (was a CLI-flag message)", R"({"name": "a", "limit": 2})",
+                     {"sweep.json", "analyze entry \"a\"", "\"text_file\" or \"task\""});
+  analyze_entry_case("entry with an unknown recall policy (named no key)",
+                     R"({"name": "a", "task": "copa", "recall_policies": ["lru"]})",
+                     {"sweep.json", "\"recall_policies\"", "lru"});
+  analyze_entry_case("entry with an unknown task (named no key)", R"({"name": "a", "task": "boolq"})",
+                     {"sweep.json", "\"task\"", "boolq"});
+
+  // kvevict status: slurm/sweep.json's values bound the work and go to squeue.
+  auto status_case = [&](const std::string& name, const json& patch, std::vector<std::string> expected,
+                         const std::string& flags = "") {
+    c.push_back({"slurm status", name,
+                 [=](const std::string& d) {
+                   json record = {{"config", {{"tasks", {"copa"}}, {"policies", {"full", "h2o"}}, {"budgets", {0.2, 0.5}}, {"limit", 2}}},
+                                  {"shards", 3},
+                                  {"config_path", d + "/sweep.json"},
+                                  {"submissions", json::array({{{"array_job", "100"}, {"shards", {0, 1, 2}}, {"merge_job", "101"},
+                                                                {"sbatch_options", json::object()}}})}};
+                   record.merge_patch(patch);
+                   write(d + "/S/slurm/sweep.json", record.dump());
+                   return "status " + d + "/S" + flags;
+                 },
+                 expected});
+  };
+  status_case("shards 10^9 (was minutes of work)", {{"shards", 1000000000}}, {"slurm/sweep.json", "\"shards\"", "1000000000"});
+  status_case("shards 0 (was accepted)", {{"shards", 0}}, {"slurm/sweep.json", "\"shards\"", "0"});
+  status_case("shards -3 (was accepted)", {{"shards", -3}}, {"slurm/sweep.json", "\"shards\"", "-3"});
+  status_case("shards above the cells", {{"shards", 50}}, {"slurm/sweep.json", "\"shards\"", "more than the sweep's 3 cells"});
+  status_case("shards as text (was a JSON-library message)", {{"shards", "3"}}, {"slurm/sweep.json", "\"shards\""});
+  status_case("shard index 99 (was accepted)",
+              {{"submissions", json::array({{{"array_job", "100"}, {"shards", {0, 99}}}})}},
+              {"slurm/sweep.json", "submissions[0].shards", "99"});
+  status_case("shard index -1 (was accepted)",
+              {{"submissions", json::array({{{"array_job", "100"}, {"shards", {-1}}}})}},
+              {"slurm/sweep.json", "submissions[0].shards", "-1"});
+  status_case("job id \"1; touch x\" (was passed to squeue)",
+              {{"submissions", json::array({{{"array_job", "1; touch x"}, {"shards", {0}}}})}},
+              {"slurm/sweep.json", "submissions[0].array_job", "not a Slurm job id"});
+  status_case("merge job id with an option (was passed to squeue)",
+              {{"submissions", json::array({{{"array_job", "100"}, {"shards", {0}}, {"merge_job", "--all"}}})}},
+              {"slurm/sweep.json", "submissions[0].merge_job", "--all"});
+  status_case("submissions not a list (was a JSON-library message)", {{"submissions", 5}},
+              {"slurm/sweep.json", "\"submissions\""});
+  status_case("an sbatch option kvevict does not pass",
+              {{"submissions", json::array({{{"array_job", "100"}, {"shards", {0}}, {"sbatch_options", {{"wrap", "x"}}}}})}},
+              {"slurm/sweep.json", "sbatch_options.wrap"});
+  status_case("--log-lines -1 (was accepted)", json::object(), {"--log-lines", "-1"}, " --log-lines -1");
+
+  // sweep --slurm counts: -1 used to mean "not given" and was dropped.
+  auto slurm_flag_case = [&](const std::string& name, const std::string& flags, std::vector<std::string> expected) {
+    c.push_back({"slurm flags", name,
+                 [=](const std::string& d) {
+                   write(d + "/sweep.json", R"({"tasks": ["copa"], "policies": ["full", "h2o"], "budgets": [0.2, 0.5], "limit": 2})");
+                   return "sweep " + d + "/sweep.json --out " + d + "/out --slurm --dry-run " + flags;
+                 },
+                 expected});
+  };
+  slurm_flag_case("--shards -1 (was dropped)", "--shards -1", {"--shards", "-1"});
+  slurm_flag_case("--max-parallel -1 (was dropped)", "--max-parallel -1", {"--max-parallel", "-1"});
+  slurm_flag_case("--cpus-per-task -1 (was dropped)", "--cpus-per-task -1", {"--cpus-per-task", "-1"});
+  slurm_flag_case("--shards 20000 (above the ceiling)", "--shards 20000", {"--shards", "20000", "10000"});
+
+  // Silent acceptance.
+  cli_case("eval --greedy on a multiple-choice task (was ignored)", "eval --task copa --limit 2 --greedy", "--greedy");
+  auto export_case = [&](const std::string& name, const std::string& csv, const std::string& command,
+                         std::vector<std::string> expected) {
+    c.push_back({"exports", name,
+                 [=](const std::string& d) {
+                   write(d + "/r/results.csv", csv);
+                   std::string args = command == "table" ? "table " + d + "/r --out " + d + "/t"
+                                      : command == "svg" ? "export " + d + "/r --svg " + d + "/svg"
+                                                         : "export " + d + "/r --notebook " + d + "/n.ipynb";
+                   return args;
+                 },
+                 expected});
+  };
+  auto replaced = [](std::string row, const std::string& from, const std::string& to) {
+    row.replace(row.find(from), from.size(), to);
+    return row;
+  };
+  export_case("a NUL byte in a cell (was copied into the table)",
+              results_header() + replaced(good_row(), "full", std::string("fu\0ll", 5)), "table",
+              {"results.csv:2", "policy", "NUL"});
+  export_case("value nan (was an empty svg/ and exit 0)", results_header() + replaced(good_row(), ",0.5,", ",nan,"), "svg",
+              {"results.csv:2", "value", "nan", "finite"});
+  export_case("value 1e999 (was an empty svg/ and exit 0)", results_header() + replaced(good_row(), ",0.5,", ",1e999,"),
+              "svg", {"results.csv:2", "value", "1e999"});
+  export_case("invalid UTF-8 (was SVG that is not XML)",
+              results_header() + replaced(good_row(), "full", "fu\xff\xfell"), "svg", {"results.csv:2", "policy", "UTF-8"});
+  export_case("header only: notebook (was an empty notebook, exit 0)", results_header(), "notebook",
+              {"results.csv", "no result rows"});
+  export_case("header only: table (was an empty table, exit 0)", results_header(), "table", {"results.csv", "no result rows"});
+  c.push_back({"analyze", "an empty --tokens-file (was 0 sequences, exit 0)",
+               [](const std::string& d) {
+                 write(d + "/tokens.txt", "\n");
+                 return "analyze --tokens-file " + d + "/tokens.txt";
+               },
+               {"tokens.txt", "no tokens"}});
+  cli_case("analyze --max-tokens 0 (was the whole text)", "analyze " + kText + " --max-tokens 0", "--max-tokens");
+  cli_case("analyze --max-tokens -1 (was the whole text)", "analyze " + kText + " --max-tokens -1", "--max-tokens");
+  cli_case("analyze --block-rows -5", "analyze " + kText + " --block-rows -5", "--block-rows");
+
+  // Sweep grids whose cells cannot run: refused at expansion, naming the key.
+  sweep_case("pipeline h2o with cnndm and shots [3] (was every cell failing)",
+             {{"tasks", {"cnndm"}}, {"pipeline", "h2o"}, {"shots", {3}}, {"policies", {"full"}}}, "\"shots\"");
+  sweep_case("pipeline h2o with perplexity (was every cell failing)",
+             {{"tasks", {"perplexity"}}, {"pipelines", {"lm-eval", "h2o"}}, {"policies", {"full"}}}, "\"tasks\"");
+  sweep_case("pipeline h2o with prefill-compress on copa (was every cell failing)",
+             {{"pipeline", "h2o"}, {"protocols", {"prefill-compress"}}}, "\"protocols\"");
   return c;
 }
 
@@ -783,8 +958,11 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
   REQUIRE(all.size() >= 127);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
+  // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.
+  const char* filter = std::getenv("KVEVICT_BAD_INPUT_FILTER");
   for (size_t i = 0; i < all.size(); ++i) {
     const Case& bad = all[i];
+    if (filter && (bad.group + ": " + bad.name).find(filter) == std::string::npos) continue;
     const std::string dir = kvevict::test::temp_dir("bad_input_" + std::to_string(i));
     const std::string args = bad.setup(dir);
     const auto before = snapshot(dir);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <set>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "harness/common/errors.h"
 #include "notebooks-export/notebook.h"
@@ -434,6 +435,64 @@ TEST_CASE("the notebook is nbformat 4 JSON with the expected cells", "[export]")
   CHECK_THAT(all_code, Catch::Contains("heavy_share"));
   // The embedded record keeps its RFC 4180 quoting inside a Python string literal.
   CHECK_THAT(all_code, Catch::Contains(R"("\"org/model, \"\"quoted\"\"\",copa,full,)"));
+}
+
+TEST_CASE("the notebook's Markdown shows results values as text, never as live HTML", "[export][security]") {
+  auto rows = sample_sweep();
+  rows[0].model = "<script>alert(1)</script>";
+  rows[0].task = "<img src=x onerror=alert(1)>";
+  rows[0].policy = "[click](javascript:alert(1)) & *bold*";
+  const auto notebook = nlohmann::json::parse(kvevict::notebook_json(rows));
+  std::string markdown;
+  for (const auto& cell : notebook["cells"])
+    if (cell["cell_type"] == "markdown")
+      for (const auto& line : cell["source"]) markdown += line.get<std::string>();
+  CHECK(markdown.find('<') == std::string::npos);
+  CHECK(markdown.find('>') == std::string::npos);
+  CHECK_THAT(markdown, Catch::Contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+  CHECK_THAT(markdown, Catch::Contains("&lt;img src=x onerror=alert(1)&gt;"));
+  CHECK_THAT(markdown, Catch::Contains("\\[click\\](javascript:alert(1)) &amp; \\*bold\\*"));
+}
+
+TEST_CASE("table.csv neutralises cells a spreadsheet would run as formulas (OWASP)", "[export][security]") {
+  std::vector<ResultRow> rows = {
+      make_row("copa", "=cmd|' /C calc'!A0", 0.2, "acc", 0.70),
+      make_row("copa", "+1+1", 0.2, "acc", 0.71),
+      make_row("copa", "-2+3", 0.2, "acc", 0.72),
+      make_row("copa", "@SUM(A1)", 0.2, "acc", 0.73),
+      make_row("copa", "\tx", 0.2, "acc", 0.74),
+      make_row("copa", "\rx", 0.2, "acc", 0.75),
+      make_row("copa", "-0.5", 0.2, "acc", 0.76),
+      make_row("copa", "h2o", 0.2, "acc", 0.77),
+  };
+  kvevict::PivotOptions options;
+  options.row_key = "task";
+  options.column_key = "policy";
+  CHECK(kvevict::pivot_results(rows, options).to_csv() ==
+        "task,metric,'=cmd|' /C calc'!A0,'+1+1,'-2+3,'@SUM(A1),'\tx,\"'\rx\",-0.5,h2o\n"
+        "copa,acc,0.7000,0.7100,0.7200,0.7300,0.7400,0.7500,0.7600,0.7700\n");
+}
+
+TEST_CASE("exports refuse what they cannot show: NUL, invalid UTF-8, non-finite numbers, no rows", "[export]") {
+  auto dir = kvevict::test::temp_dir("export_checks");
+  const std::string path = dir + "/results.csv";
+  const std::string good = kvevict::format_row(make_row("copa", "h2o", 0.2, "acc", 0.7)) + "\n";
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string row = good;
+    row.replace(row.find(from), from.size(), to);
+    std::ofstream(path, std::ios::binary) << kvevict::result_header() << "\n" << good << row;
+  };
+  with("h2o", std::string("h2\0o", 4));
+  CHECK(kvevict::read_results_csv(path).size() == 2);  // the reader a resume uses is unchanged
+  CHECK_THAT(error_message([&] { kvevict::read_results_for_export(path); }), Catch::Contains("results.csv:3: column 'policy' holds a NUL byte"));
+  with("h2o", "h2\xc3o");
+  CHECK_THAT(error_message([&] { kvevict::read_results_for_export(path); }), Catch::Contains("results.csv:3: column 'policy' is not valid UTF-8"));
+  with(",0.7,", ",inf,");
+  CHECK_THAT(error_message([&] { kvevict::read_results_for_export(path); }), Catch::Contains("results.csv:3: column 'value': inf is not a finite number"));
+  with(",0.7,", ",0.7,");
+  CHECK(kvevict::read_results_for_export(path).size() == 2);
+  std::ofstream(path, std::ios::binary) << kvevict::result_header() << "\n";
+  CHECK_THAT(error_message([&] { kvevict::read_results_for_export(path); }), Catch::Contains("no result rows"));
 }
 
 TEST_CASE("SVG plots are well-formed XML, one per figure", "[export]") {

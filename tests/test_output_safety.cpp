@@ -5,11 +5,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <thread>
 
 #include "harness/common/errors.h"
 #include "harness/common/folder_lock.h"
+#include "harness/common/output_paths.h"
 #include "notebooks-export/results_csv.h"
 #include "tests/test_support.h"
 
@@ -135,4 +137,41 @@ TEST_CASE("resume refuses a results.csv corrupted mid-file instead of truncating
   CHECK(resumed.exit_code == 1);
   CHECK_THAT(resumed.err, Catch::Contains(out + "/results.csv:2:"));
   CHECK(test::read_text(out + "/results.csv") == text);  // nothing cut, nothing appended
+}
+
+TEST_CASE("eval progress in a log file is plain lines, no carriage returns", "[eval][logs]") {
+  // run_kvevict's stderr is a file, as under Slurm or `2> log`: no live \r updates there.
+  const auto result = test::run_kvevict("eval --task copa --limit 3 --max-length 128");
+  REQUIRE(result.exit_code == 0);
+  CHECK(result.err.find('\r') == std::string::npos);
+  CHECK_THAT(result.err, Catch::Contains("examples 3/3\n"));
+}
+
+TEST_CASE("output paths: a sweep folder's own files and folders are refused, others allowed", "[output-paths]") {
+  const std::string dir = test::temp_dir("output_paths");
+  fs::create_directories(dir + "/R/slurm/x");
+  std::ofstream(dir + "/R/results.csv") << "x";
+  std::ofstream(dir + "/R/slurm/sweep.json") << "{}";
+  fs::create_directories(dir + "/plain");
+  std::ofstream(dir + "/plain/results.csv.txt") << "x";
+  auto refusal = [](const std::function<void()>& action) -> std::string {
+    try {
+      action();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const char* protected_name : {"results.csv", "config.json", ".kvevict.lock", "slurm/a.ipynb", "slurm/x/t.md",
+                                     "shards/0/p.jsonl", "predictions/p.jsonl", "./results.csv", "slurm/../results.csv"})
+    CHECK_THAT(refusal([&] { check_output_file(dir + "/R/" + protected_name, "--out"); }), Catch::Contains("--out"));
+  CHECK_THAT(refusal([&] { check_output_folder(dir + "/R/slurm", "--svg"); }), Catch::Contains("slurm/"));
+  CHECK_THAT(refusal([&] { check_output_folder(dir + "/R/results.csv", "--svg"); }), Catch::Contains("is a file"));
+  CHECK_THAT(refusal([&] { check_output_file(dir + "/R", "--out"); }), Catch::Contains("is a folder"));
+  CHECK_THAT(refusal([&] { check_output_file(dir + "/none/x.md", "--out"); }), Catch::Contains("does not exist"));
+  // A folder that is no sweep's may hold a results.csv of anyone's; a sweep folder's table is fine.
+  CHECK(refusal([&] { check_output_file(dir + "/plain/results.csv", "--out"); }).empty());
+  CHECK(refusal([&] { check_output_file(dir + "/R/table.md", "--out"); }).empty());
+  CHECK(refusal([&] { check_output_folder(dir + "/R/svg/new", "--svg"); }).empty());
+  CHECK(refusal([&] { check_output_folder(dir + "/R", "--svg"); }).empty());
 }

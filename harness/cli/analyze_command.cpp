@@ -10,11 +10,11 @@
 #include "harness/cli/command.h"
 #include "harness/cli/commands.h"
 #include "harness/common/atomic_file.h"
-#include "harness/common/config_reader.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
-#include "harness/config/sweep_grid.h"
+#include "harness/common/output_paths.h"
+#include "harness/config/analyze_entries.h"
 #include "tasks/task.h"
 
 namespace kvevict {
@@ -39,7 +39,9 @@ void add_analyze_flags(CLI::App& cmd, AnalyzeArgs& a) {
   auto* task = cmd.add_option("--task", a.task, "a task whose requests are analysed (copa, piqa, xsum, ...)");
   text->excludes(tokens)->excludes(task);
   tokens->excludes(task);
-  cmd.add_option("--max-tokens", a.max_tokens, "text/tokens: cut to this many tokens")->capture_default_str();
+  cmd.add_option("--max-tokens", a.max_tokens, "text/tokens: cut to this many tokens")
+      ->check(cli::at_least(1))
+      ->capture_default_str();
   cmd.add_option("--limit", a.limit, "task: the first N documents (-1: all)")->capture_default_str();
   cmd.add_option("--shots", a.shots, "task: few-shot examples")->capture_default_str();
   cmd.add_option("--max-length", a.max_length, "task: left-truncate requests")->capture_default_str();
@@ -86,6 +88,7 @@ std::vector<std::vector<int>> analyze_sequences(const Model& model, const Analyz
   if (!a.text_file.empty() || !a.tokens_file.empty()) {
     std::vector<int> ids = a.tokens_file.empty() ? model.encode(read_text_file(a.text_file), true)
                                                  : read_tokens_file(a.tokens_file);
+    if (ids.empty()) throw Error((a.tokens_file.empty() ? a.text_file : a.tokens_file) + ": no tokens to analyse");
     if (a.max_tokens > 0 && static_cast<int>(ids.size()) > a.max_tokens) ids.resize(a.max_tokens);
     sequences.push_back(ids);
     return sequences;
@@ -134,6 +137,7 @@ int analyze_once(const AnalyzeArgs& a, const std::string& data_override) {
     if (!(b > 0 && b <= 1)) throw Error("--recall-budgets: " + std::to_string(b) + " is outside (0, 1]");
   if (!a.text_file.empty() + !a.tokens_file.empty() + !a.task.empty() > 1)
     throw Error("analyze takes one of --text-file, --tokens-file or --task");
+  if (!a.out.empty()) check_output_folder(a.out, "--out");
   for (const auto& name : options.recall_policies) make_policy(name, options.policy_options);  // unknown names fail here
   const std::string model_dir = a.model.empty() ? data_path("models/stories260K-hf", data_override) : a.model;
   auto model = Model::load(model_dir, a.runtime);
@@ -157,33 +161,32 @@ int analyze_once(const AnalyzeArgs& a, const std::string& data_override) {
   return 0;
 }
 
-// Each entry of the config's "analyze" list names an output subfolder and overrides the
-// command line's settings. Every entry is read before the first one runs, so a mistake
-// in the last one costs no time.
+// Each entry of the config's "analyze" list (harness/config/analyze_entries.h) runs into
+// --out/<name>/, all of them read and checked before the first one runs.
 int analyze_config(const AnalyzeArgs& base, const std::string& data_override) {
   if (base.out.empty()) throw Error("analyze --config needs --out DIR");
-  const nlohmann::json config = read_json_file(base.config);
-  const ConfigObject top(config, base.config, sweep_config_keys());
-  if (!top.raw("analyze").is_array()) throw Error(base.config + ": no \"analyze\" list");
-  const std::vector<std::string> keys = {"name",       "text_file",       "task",           "limit", "shots",
-                                         "max_tokens", "recall_policies", "recall_budgets", "deltas"};
-  constexpr long long kMost = std::numeric_limits<int>::max();
+  check_output_folder(base.out, "--out");
+  AnalyzeEntry defaults;
+  defaults.limit = base.limit;
+  defaults.shots = base.shots;
+  defaults.max_tokens = base.max_tokens;
+  defaults.recall_policies = base.options.recall_policies;
+  defaults.recall_budgets = base.options.recall_budgets;
+  defaults.deltas = base.options.persistence_deltas;
   std::vector<AnalyzeArgs> runs;
-  for (const auto& item : top.raw("analyze")) {
-    const std::string name = ConfigObject(item, base.config + ": an \"analyze\" entry", keys).text("name", "");
-    if (name.empty()) throw Error(base.config + ": an \"analyze\" entry has no \"name\"");
-    const ConfigObject entry(item, base.config + ": analyze entry \"" + name + "\"", keys);
+  for (const AnalyzeEntry& e : read_analyze_entries(read_json_file(base.config), base.config, base.out, defaults,
+                                                    base.options.policy_options, data_override)) {
     AnalyzeArgs a = base;
-    a.out = (fs::path(base.out) / name).string();
-    a.text_file = entry.has("text_file") ? data_path(entry.text("text_file", ""), data_override) : "";
+    a.out = e.out;
+    a.text_file = e.text_file;
     a.tokens_file.clear();
-    a.task = entry.text("task", "");
-    a.limit = entry.integer("limit", a.limit, -1, kMost);
-    a.shots = entry.integer("shots", a.shots, 0, kMost);
-    a.max_tokens = entry.integer("max_tokens", a.max_tokens, 1, kMost);
-    a.options.recall_policies = entry.texts("recall_policies", a.options.recall_policies);
-    a.options.recall_budgets = entry.numbers("recall_budgets", a.options.recall_budgets, 0, 1);
-    a.options.persistence_deltas = entry.integers("deltas", a.options.persistence_deltas, 1, kMost);
+    a.task = e.task;
+    a.limit = e.limit;
+    a.shots = e.shots;
+    a.max_tokens = e.max_tokens;
+    a.options.recall_policies = e.recall_policies;
+    a.options.recall_budgets = e.recall_budgets;
+    a.options.persistence_deltas = e.deltas;
     runs.push_back(a);
   }
   for (const auto& a : runs) {

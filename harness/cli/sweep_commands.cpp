@@ -10,10 +10,12 @@
 #include <optional>
 #include <sstream>
 
+#include "harness/cli/cli_checks.h"
 #include "harness/cli/command.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/sweep/slurm.h"
+#include "harness/sweep/slurm_scripts.h"
 #include "harness/sweep/slurm_status.h"
 #include "harness/sweep/sweep.h"
 
@@ -25,6 +27,7 @@ struct SweepArgs {
   int limit = -2;     // -2: as the config says
   bool wait = false;  // wait for another process's lock on --out instead of failing
   bool slurm = false;
+  int shards = 0, max_parallel = 0;  // into slurm_request when given
   SlurmRequest slurm_request;
 };
 
@@ -45,8 +48,12 @@ void add_sweep_flags(CLI::App& app, SweepArgs& args) {
   app.add_flag("--wait", args.wait, "if another process is writing to --out, wait for it instead of failing");
   SlurmRequest& r = args.slurm_request;
   app.add_flag("--slurm", args.slurm, "submit the sweep as a Slurm job array plus a merge job, then exit");
-  app.add_option("--shards", r.shards, "--slurm: array tasks (default: the folder's split, else the config's slurm.shards, else min(cells, 10))");
-  app.add_option("--max-parallel", r.max_parallel, "--slurm: at most K array tasks at once (--array=...%K)");
+  app.add_option("--shards", args.shards,
+                 "--slurm: array tasks (default: the folder's split, else the config's slurm.shards, else min(cells, 10); "
+                 "at most " + std::to_string(kMaxSlurmShards) + ")")
+      ->check(cli::at_least(1));
+  app.add_option("--max-parallel", args.max_parallel, "--slurm: at most K array tasks at once (--array=...%K)")
+      ->check(cli::at_least(1));
   for (const auto& o : sbatch_options())
     app.add_option(std::string("--") + o.option, r.sbatch[o.key], std::string("--slurm: ") + o.help)
         ->type_name(o.count ? "INT" : "TEXT");
@@ -126,6 +133,8 @@ int run_sweep_command(SweepArgs& args, const Invocation& at) {
   const SweepSource source{args.config, args.model, args.limit == -2 ? std::nullopt : std::optional<int>(args.limit)};
   if (args.slurm) {
     if (!args.shard.empty()) throw Error("--shard and --slurm do not go together: --slurm makes the shards (--shards N)");
+    if (at.command.count("--shards")) args.slurm_request.shards = args.shards;
+    if (at.command.count("--max-parallel")) args.slurm_request.max_parallel = args.max_parallel;
     return print_submission(submit_slurm_sweep(source, args.out, args.slurm_request, at.data_override));
   }
   for (const auto& flag : slurm_only_flags())
@@ -168,13 +177,15 @@ struct StatusArgs {
 
 void add_status_flags(CLI::App& cmd, StatusArgs& args) {
   cmd.add_option("dir", args.dir, "the --out folder of `kvevict sweep --slurm`")->required();
-  cmd.add_option("--log-lines", args.log_lines, "log lines shown per failed shard")->capture_default_str();
+  cmd.add_option("--log-lines", args.log_lines, "log lines shown per failed shard (0: none)")
+      ->check(cli::at_least(0))
+      ->capture_default_str();
 }
 
 int run_status_command(StatusArgs& args, const Invocation& at) {
   const SweepFolder folder = absolute_folder(args.dir);
   if (!std::filesystem::is_directory(folder.dir)) throw Error(args.dir + ": no such folder");
-  const SweepStatus s = read_sweep_status(folder, data_dir(at.data_override), static_cast<size_t>(std::max(1, args.log_lines)));
+  const SweepStatus s = read_sweep_status(folder, data_dir(at.data_override), static_cast<size_t>(args.log_lines));
   std::cout << "sweep " << folder.dir << ": " << s.plan.cells.size() << " cells in " << s.shards << " shards (config "
             << s.record.value("config_path", std::string("?")) << ")\n";
   if (!s.slurm_queryable)

@@ -1,10 +1,12 @@
 // eval, rouge, table and export: the commands built on tasks/ and the results CSV.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unistd.h>
 
 #include "harness/common/atomic_file.h"
 #include "harness/cli/cli_checks.h"
@@ -13,6 +15,7 @@
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/output_paths.h"
 #include "harness/eval/evaluator.h"
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/result_rows.h"
@@ -53,8 +56,39 @@ struct ExportArgs {
 
 std::string results_csv_of(const std::string& dir) { return (std::filesystem::path(dir) / "results.csv").string(); }
 
+// Progress on stderr: a live line on a terminal; otherwise (a log file) a plain line at
+// most every 10 seconds and at the end, never a carriage return.
+class EvalProgress {
+ public:
+  EvalProgress() : tty_(isatty(STDERR_FILENO)), last_(std::chrono::steady_clock::now()) {}
+  void operator()(int done, int total) {
+    if (tty_) {
+      std::cerr << "\rexamples " << done << "/" << total << std::flush;
+      live_ = true;
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (done == total || std::chrono::duration<double>(now - last_).count() > 10) {
+      std::cerr << "examples " << done << "/" << total << std::endl;
+      last_ = now;
+    }
+  }
+  // Ends the live line (a terminal only).
+  void finish() {
+    if (live_) std::cerr << "\n";
+  }
+
+ private:
+  bool tty_, live_ = false;
+  std::chrono::steady_clock::time_point last_;
+};
+
 int run_eval(EvalArgs& a, const Invocation& at) {
   const std::string& data_override = at.data_override;
+  // What cannot work is refused before the model loads and the examples run.
+  if (!a.predictions.empty()) check_output_file(a.predictions, "--predictions");
+  if (a.greedy && make_task(a.task)->kind() != TaskKind::Generation)
+    throw Error("--greedy: task " + a.task + " does not generate (it is scored, not decoded); --greedy is for xsum and cnndm");
   if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
   auto model = Model::load(a.model, a.runtime.options);
   use_threads_for(*model, a.runtime.options.threads);
@@ -87,10 +121,9 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   if (at.command.count("--seed") && make_task(a.task)->long_context())
     config.task_options.seed = static_cast<int>(a.seed);
   make_policy(config.policy, config.policy_options);  // unknown policy fails before any work
-  EvalResult result = evaluate(*model, config, [](int done, int total) {
-    std::cerr << "\rexamples " << done << "/" << total << std::flush;
-  });
-  std::cerr << "\n";
+  EvalProgress progress;
+  EvalResult result = evaluate(*model, config, [&progress](int done, int total) { progress(done, total); });
+  progress.finish();
   if (!a.predictions.empty()) write_predictions(result, config, a.predictions);
   if (a.format == "json") {
     nlohmann::json j;
@@ -156,7 +189,9 @@ int run_rouge(RougeArgs& rouge_args, const Invocation&) {
 }
 
 int run_table(TableArgs& table_args, const Invocation&) {
-  auto rows = read_results_csv(results_csv_of(table_args.dir));
+  const std::string out = table_args.out.empty() ? (std::filesystem::path(table_args.dir) / "table").string() : table_args.out;
+  for (const char* extension : {".md", ".csv"}) check_output_file(out + extension, "--out");
+  auto rows = read_results_for_export(results_csv_of(table_args.dir));
   if (!table_args.metric.empty()) {
     std::set<std::string> metrics;
     for (const auto& row : rows) metrics.insert(row.metric);
@@ -173,7 +208,6 @@ int run_table(TableArgs& table_args, const Invocation&) {
   options.filters = table_args.where;
   options.metric = table_args.metric;
   PivotTable table = pivot_results(rows, options);
-  std::string out = table_args.out.empty() ? (std::filesystem::path(table_args.dir) / "table").string() : table_args.out;
   write_file_atomically(out + ".md", table.to_markdown());
   write_file_atomically(out + ".csv", table.to_csv());
   std::cout << table.to_markdown();
@@ -182,9 +216,11 @@ int run_table(TableArgs& table_args, const Invocation&) {
 }
 
 int run_export(ExportArgs& export_args, const Invocation&) {
-  auto rows = read_results_csv(results_csv_of(export_args.dir));
   if (export_args.notebook.empty() && export_args.svg.empty())
     throw Error("export needs --notebook FILE.ipynb and/or --svg OUTDIR");
+  if (!export_args.notebook.empty()) check_output_file(export_args.notebook, "--notebook");
+  if (!export_args.svg.empty()) check_output_folder(export_args.svg, "--svg");
+  auto rows = read_results_for_export(results_csv_of(export_args.dir));
   if (!export_args.notebook.empty()) {
     write_notebook(rows, export_args.notebook);
     std::cerr << "wrote " << export_args.notebook << "\n";

@@ -1,5 +1,6 @@
 #include "harness/config/sweep_grid.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -189,6 +190,27 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
         }
     return choices;
   };
+  // Cells the H2O pipeline cannot run are refused here, naming the key, rather than each
+  // failing at run time (the evaluator and the tasks check the same rules).
+  if (std::count(pipelines.begin(), pipelines.end(), Pipeline::H2O))
+    for (const auto& task : tasks) {
+      const TaskKind kind = make_task(task)->kind();
+      const std::string cells = " (\"pipelines\" lists h2o): run it under lm-eval, in another config if the grid needs both";
+      if (kind == TaskKind::Perplexity)
+        throw Error(path + ": key \"tasks\": the H2O pipeline has no " + task + " task" + cells);
+      if (kind == TaskKind::Generation)
+        for (int shot : shots)
+          if (shot != 0)
+            throw Error(path + ": key \"shots\": " + std::to_string(shot) + "-shot " + task +
+                        " cannot run under the H2O pipeline, which reads H2O's 0-shot prompt file as it is" + cells);
+      if (kind == TaskKind::MultipleChoice)
+        for (const auto& protocol : protocols)
+          if (protocol != "stream")
+            throw Error(path + ": key \"protocols\": " + task + " under the H2O pipeline is scored with the stream protocol, not " +
+                        protocol + cells);
+    }
+  if (std::count(pipelines.begin(), pipelines.end(), Pipeline::H2O) && config.contains("bos") && config["bos"] == true)
+    throw Error(path + ": key \"bos\": the H2O pipeline runs without BOS (\"pipelines\" lists h2o)");
   // "limit": N for every task, or {"xsum": 5, "*": 100} per task.
   auto limit_for = [&](const std::string& task) {
     if (!config.contains("limit")) return -1;

@@ -141,10 +141,8 @@ SlurmSubmission submit_slurm_sweep(const SweepSource& source, const std::string&
   s.dry_run = request.dry_run;
   // A folder keeps the split it was made with unless --shards says otherwise (and is refused).
   SlurmRequest effective = request;
-  if (effective.shards == -1 && fs::exists(s.folder.slurm_record())) {
-    const json stored = read_json_file(s.folder.slurm_record());
-    if (stored.contains("shards") && stored["shards"].is_number_integer()) effective.shards = stored["shards"].get<int>();
-  }
+  if (!effective.shards && fs::exists(s.folder.slurm_record()))
+    effective.shards = read_slurm_record(s.folder).shards;
   const json raw_config = read_json_file(source.config_path);
   const SlurmOptions options = resolve_slurm_options(effective, raw_config, source.config_path, plan.cells.size());
   s.shard_count = options.shards;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -98,18 +99,21 @@ SlurmOptions resolve_slurm_options(const SlurmRequest& request, const json& raw_
   static const json empty = json::object();
   const ConfigObject block(raw_config.contains("slurm") ? raw_config["slurm"] : empty, config_path, keys, "slurm.");
   constexpr long long kMost = std::numeric_limits<int>::max();
-  // A count from its flag (-1: not given), else from the config's slurm block.
-  auto count = [&](int flag_value, const std::string& flag, const std::string& key, int fallback) {
-    if (flag_value == -1) return block.integer(key, fallback, 1, kMost);
-    if (flag_value < 1) throw Error(flag + " " + std::to_string(flag_value) + ": must be at least 1");
-    return flag_value;
+  // A count from its flag (absent: not given), else from the config's slurm block.
+  auto count = [&](std::optional<int> flag_value, const std::string& flag, const std::string& key, int fallback,
+                   long long most) {
+    if (!flag_value) return block.integer(key, fallback, 1, most);
+    if (*flag_value < 1 || *flag_value > most)
+      throw Error(flag + " " + std::to_string(*flag_value) + ": must be in [1, " + std::to_string(most) + "]");
+    return *flag_value;
   };
   SlurmOptions options;
-  options.shards = count(request.shards, "--shards", "shards", static_cast<int>(std::min<size_t>(cell_count, kDefaultMaxShards)));
+  options.shards = count(request.shards, "--shards", "shards", static_cast<int>(std::min<size_t>(cell_count, kDefaultMaxShards)),
+                         kMaxSlurmShards);
   if (static_cast<size_t>(options.shards) > cell_count)
     throw Error("--shards " + std::to_string(options.shards) + " is more than the sweep's " +
                 std::to_string(cell_count) + " cells");
-  options.max_parallel = count(request.max_parallel, "--max-parallel", "max_parallel", 0);
+  options.max_parallel = count(request.max_parallel, "--max-parallel", "max_parallel", 0, kMost);
   for (const auto& o : sbatch_options()) {
     const auto given = request.sbatch.find(o.key);
     if (given != request.sbatch.end() && !given->second.empty()) {

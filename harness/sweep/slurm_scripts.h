@@ -5,6 +5,7 @@
 #pragma once
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,10 +26,15 @@ struct SbatchOption {
 };
 const std::vector<SbatchOption>& sbatch_options();
 
-// What the command line asks of a Slurm sweep. -1 or absent: from the folder's split,
-// the config's "slurm" block, or the default.
+// The most shards (array tasks) a sweep may have: far above a useful split, far below
+// what would make `kvevict status` look at every shard for minutes (Slurm's own
+// MaxArraySize defaults to 1001).
+constexpr int kMaxSlurmShards = 10000;
+
+// What the command line asks of a Slurm sweep. Absent: from the folder's split, the
+// config's "slurm" block, or the default.
 struct SlurmRequest {
-  int shards = -1, max_parallel = -1;
+  std::optional<int> shards, max_parallel;
   std::map<std::string, std::string> sbatch;  // SbatchOption::key -> value as given
   std::string sbatch_program;                 // empty: sbatch on PATH
   bool dry_run = false, resubmit_failed = false;

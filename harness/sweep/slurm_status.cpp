@@ -112,7 +112,67 @@ void classify(ShardStatus& st, bool slurm_queryable) {
   }
 }
 
+// A job id as sbatch --parsable printed it (slurm.cpp keeps only the digits).
+std::string job_id(const json& value, const std::string& where, const std::string& key) {
+  if (!value.is_string()) throw Error(where + ": key \"" + key + "\" must be a job id string");
+  const std::string id = value.get<std::string>();
+  if (id.size() > 20 || id.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(where + ": key \"" + key + "\": \"" + id + "\" is not a Slurm job id (digits only)");
+  return id;
+}
+
+std::string text_value(const json& object, const std::string& where, const std::string& key) {
+  if (!object.contains(key)) return "";
+  if (!object[key].is_string()) throw Error(where + ": key \"" + key + "\" must be a string");
+  return object[key].get<std::string>();
+}
+
 }  // namespace
+
+SlurmRecord read_slurm_record(const SweepFolder& folder) {
+  const std::string where = folder.slurm_record();
+  SlurmRecord r;
+  r.raw = read_json_file(where);
+  if (!r.raw.is_object() || !r.raw.contains("config") || !r.raw["config"].is_object() || !r.raw.contains("shards"))
+    throw Error(where + ": not a kvevict sweep record (no \"config\" or \"shards\")");
+  r.shards = static_cast<int>(json_int(r.raw["shards"], where, "shards", 1, kMaxSlurmShards));
+  for (const char* key : {"kvevict", "config_path", "data_dir"}) text_value(r.raw, where, key);
+  if (r.raw.contains("sweep_overrides")) {
+    const json& overrides = r.raw["sweep_overrides"];
+    if (!overrides.is_array()) throw Error(where + ": key \"sweep_overrides\" must be a list of strings");
+    for (const auto& o : overrides)
+      if (!o.is_string()) throw Error(where + ": key \"sweep_overrides\" must be a list of strings");
+  }
+  if (!r.raw.contains("submissions")) return r;
+  if (!r.raw["submissions"].is_array()) throw Error(where + ": key \"submissions\" must be a list");
+  std::set<std::string> known_options;
+  for (const auto& o : sbatch_options()) known_options.insert(o.option);
+  for (size_t i = 0; i < r.raw["submissions"].size(); ++i) {
+    const json& sub = r.raw["submissions"][i];
+    const std::string key = "submissions[" + std::to_string(i) + "]";
+    if (!sub.is_object()) throw Error(where + ": key \"" + key + "\" must be an object");
+    SlurmSubmissionRecord record;
+    if (sub.contains("array_job")) record.array_job = job_id(sub["array_job"], where, key + ".array_job");
+    if (sub.contains("merge_job")) record.merge_job = job_id(sub["merge_job"], where, key + ".merge_job");
+    if (sub.contains("shards")) {
+      if (!sub["shards"].is_array()) throw Error(where + ": key \"" + key + ".shards\" must be a list of shard indices");
+      for (const auto& index : sub["shards"])
+        record.shards.push_back(static_cast<int>(json_int(index, where, key + ".shards", 0, r.shards - 1)));
+    }
+    if (sub.contains("sbatch_options")) {
+      const json& options = sub["sbatch_options"];
+      if (!options.is_object()) throw Error(where + ": key \"" + key + ".sbatch_options\" must be an object");
+      for (const auto& [option, value] : options.items()) {
+        const std::string name = key + ".sbatch_options." + option;
+        if (!known_options.count(option)) throw Error(where + ": key \"" + name + "\" is not an sbatch option kvevict passes");
+        if (!value.is_string()) throw Error(where + ": key \"" + name + "\" must be a string");
+        record.sbatch_options.push_back({option, value.get<std::string>()});
+      }
+    }
+    r.submissions.push_back(record);
+  }
+  return r;
+}
 
 const char* shard_kind_name(ShardStatus::Kind kind) {
   switch (kind) {
@@ -137,20 +197,21 @@ SweepStatus read_sweep_status(const SweepFolder& folder, const std::string& data
   if (!fs::exists(folder.slurm_record()))
     throw Error(folder.dir + ": not a Slurm sweep folder (no slurm/sweep.json); `kvevict sweep CONFIG --out " +
                 folder.dir + " --slurm` makes one");
-  s.record = read_json_file(folder.slurm_record());
-  if (!s.record.contains("config") || !s.record.contains("shards") || !s.record["shards"].is_number_integer())
-    throw Error(folder.slurm_record() + ": not a kvevict sweep record (no \"config\" or \"shards\")");
-  s.shards = s.record["shards"].get<int>();
+  const SlurmRecord record = read_slurm_record(folder);
+  s.record = record.raw;
+  s.shards = record.shards;
   s.plan = expand_sweep(s.record["config"], folder.slurm_record(), data_dir);
+  if (static_cast<size_t>(s.shards) > s.plan.cells.size())
+    throw Error(folder.slurm_record() + ": key \"shards\": " + std::to_string(s.shards) + " is more than the sweep's " +
+                std::to_string(s.plan.cells.size()) + " cells");
 
   // The latest submission of each shard, and every job id to ask Slurm about.
   std::map<int, std::string> latest_array;
   std::vector<std::string> jobs;
-  for (const auto& sub : s.record.value("submissions", json::array())) {
-    const std::string array_job = sub.value("array_job", "");
-    for (int i : sub.value("shards", std::vector<int>{})) latest_array[i] = array_job;
-    if (!array_job.empty()) jobs.push_back(array_job);
-    s.merge_job = sub.value("merge_job", "");
+  for (const auto& sub : record.submissions) {
+    for (int i : sub.shards) latest_array[i] = sub.array_job;
+    if (!sub.array_job.empty()) jobs.push_back(sub.array_job);
+    s.merge_job = sub.merge_job;
   }
   if (!s.merge_job.empty()) jobs.push_back(s.merge_job);
   auto states = query_slurm(jobs, s.slurm_queryable);

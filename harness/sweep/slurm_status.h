@@ -6,12 +6,28 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/config/sweep_grid.h"
 #include "harness/sweep/sweep_folder.h"
 
 namespace kvevict {
+
+// slurm/sweep.json, read strictly: every value `status` and a resubmission act on is
+// checked before any work (the shard count bounds the work, job ids go to squeue).
+struct SlurmSubmissionRecord {
+  std::string array_job, merge_job;  // digits only; empty: not submitted
+  std::vector<int> shards;           // each in [0, shards)
+  std::vector<std::pair<std::string, std::string>> sbatch_options;  // known sbatch options only
+};
+struct SlurmRecord {
+  nlohmann::json raw;
+  int shards = 0;  // in [1, kMaxSlurmShards]
+  std::vector<SlurmSubmissionRecord> submissions;
+};
+// Throws kvevict::Error naming the file and the key at fault.
+SlurmRecord read_slurm_record(const SweepFolder& folder);
 
 struct JobState {
   std::string state, reason;  // squeue's %T and %r, or sacct's State; empty: Slurm did not say

@@ -176,3 +176,34 @@ for d in sorted(os.listdir(results)) if os.path.isdir(results) else []:
         record = json.load(open(path))
         if isinstance(record, dict) and isinstance(record.get("config"), dict):
             write("sweep_config", "results-" + d, json.dumps(record["config"], indent=1))
+
+# results.csv -> exports: the same reference results.
+for d in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+    path = os.path.join(results, d, "results.csv")
+    if os.path.exists(path):
+        with open(path, "rb") as src:
+            write("results_export", d, b"".join(src.readline() for _ in range(12)))
+
+# Slurm state: slurm/sweep.json as `kvevict sweep --slurm` writes it, around small
+# configs (each reference result's, and a hand-made one), with one submission.
+small_configs = [{"tasks": ["copa"], "policies": ["full", "h2o"], "budgets": [0.2, 0.5], "limit": 2}]
+for d in sorted(os.listdir(results)) if os.path.isdir(results) else []:
+    path = os.path.join(results, d, "config.json")
+    if os.path.exists(path):
+        record = json.load(open(path))
+        if isinstance(record, dict) and isinstance(record.get("config"), dict):
+            small_configs.append(record["config"])
+for i, config in enumerate(small_configs[:6]):
+    record = {"kvevict": "/usr/bin/kvevict", "config_path": "/work/sweep.json", "config": config, "shards": 2,
+              "cells": 3, "data_dir": "", "sweep_overrides": ["--limit", "2"],
+              "submissions": [{"array_job": "100", "shards": [0, 1], "submitted": "2026-01-01T00:00:00Z",
+                               "sbatch_options": {"partition": "gpu", "time": "1:00:00"}, "merge_job": "101"}]}
+    write("slurm_record", "record-%d" % i, json.dumps(record, indent=1))
+
+# analyze configs: the repository's configs that have an "analyze" list, and a small one.
+for f in sorted(os.listdir(configs)) if os.path.isdir(configs) else []:
+    if f.endswith(".json") and "analyze" in json.load(open(os.path.join(configs, f))):
+        write("analyze_config", f, open(os.path.join(configs, f), "rb").read())
+write("analyze_config", "small", json.dumps({"tasks": ["copa"], "analyze": [
+    {"name": "text", "text_file": "text/tinystories_sample.txt", "max_tokens": 64, "deltas": [1, 4]},
+    {"name": "copa", "task": "copa", "limit": 2, "recall_policies": ["h2o"], "recall_budgets": [0.2]}]}))
