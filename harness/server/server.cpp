@@ -1,6 +1,9 @@
 #include "harness/server/server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cmath>
@@ -237,7 +240,12 @@ struct Server::Impl {
   void tokenizer_info(httplib::Response& res) {
     const Model& model = completer.model();
     const Tokenizer& tokenizer = model.require_tokenizer();
-    auto special = [&](int id) { return id >= 0 ? json(tokenizer.decode({id})) : json(nullptr); };
+    // A control token (SentencePiece's <s>, </s>) decodes to no text: null, not "" (lm-eval
+    // adds eos_token to every stop list and takes encode(token)[0] as the token's id).
+    auto special = [&](int id) {
+      const std::string text = id >= 0 ? tokenizer.decode({id}) : std::string();
+      return text.empty() ? json(nullptr) : json(text);
+    };
     json info = {{"eos_token", special(model.arch().eos_token_id)},
                  {"bos_token", special(model.arch().bos_token_id)},
                  {"eos_token_id", model.arch().eos_token_id},
@@ -347,6 +355,14 @@ Server::Server(const Completer& completer, ServerOptions options, LogLine log)
   impl_->http.set_read_timeout(impl_->options.io_timeout_seconds);
   impl_->http.set_write_timeout(impl_->options.io_timeout_seconds);
   impl_->http.set_keep_alive_timeout(2);
+  // httplib writes a response's headers and body separately: without TCP_NODELAY, Nagle's
+  // algorithm holds the body until the client's delayed ACK (40 ms per request). Accepted
+  // sockets inherit it from the listening one.
+  impl_->http.set_socket_options([](socket_t sock) {
+    httplib::default_socket_options(sock);
+    int yes = 1;
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  });
 }
 
 Server::~Server() = default;
