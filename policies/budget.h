@@ -22,6 +22,9 @@ inline constexpr BudgetKeys kBudgetFlags{"--budget", "--budget-tokens", "--heavy
                                          "--recent-ratio"};
 inline constexpr BudgetKeys kSweepBudgetKeys{"budgets", "budget_tokens", "heavy_shares", "heavy_ratio",
                                              "recent_ratio"};
+// A server request's "kvevict" object (harness/server/request.h).
+inline constexpr BudgetKeys kRequestBudgetKeys{"kvevict.budget", "kvevict.budget_tokens", "kvevict.heavy_share",
+                                               "kvevict.heavy_ratio", "kvevict.recent_ratio"};
 
 // How big the cache may be. Normally one of ratio / tokens / (heavy_ratio, recent_ratio)
 // is set; unset fields are negative (-1).

@@ -56,5 +56,7 @@ void add_task_commands(CLI::App& app, Commands& commands);
 void add_sweep_commands(CLI::App& app, Commands& commands);
 // analyze (analyze_command.cpp).
 void add_analyze_command(CLI::App& app, Commands& commands);
+// serve (serve_command.cpp).
+void add_serve_command(CLI::App& app, Commands& commands);
 
 }  // namespace kvevict

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add_task_commands(app, commands);
   add_sweep_commands(app, commands);
   add_analyze_command(app, commands);
+  add_serve_command(app, commands);
 
   try {
     app.parse(argc, argv);

@@ -9,6 +9,7 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
+#include "harness/eval/joint_request.h"
 #include "harness/eval/request_workers.h"
 #include "policies/registry.h"
 
@@ -50,20 +51,9 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
   // A continuation longer than the window is scored on its last max_length tokens.
   const int n_cont = std::min<int>(static_cast<int>(continuation.size()), static_cast<int>(input.size()));
   const int n_ctx = static_cast<int>(input.size()) - n_cont + 1;  // input tokens before the first scored one
-  // Stream budgets refer to the joint request (L = |ctx + cont|), as the paper's mask.
-  int prefill = 0, budget_length = static_cast<int>(whole.size());
-  if (config.protocol == Protocol::PrefillCompress) {
-    prefill = std::max(1, n_ctx);
-    budget_length = prefill;
-  }
-  // The pass covers all L rows where the model can place them, so a non-causal policy
-  // (h2o-global) sees the last row too; its logits are not used.
-  const bool whole_fits = model.arch().positions != PositionKind::Learned ||
-                          static_cast<int64_t>(whole.size()) <= model.arch().max_positions;
   // Only the continuation's log-probs are read (entries first - 1 on, see below).
   const int first_logprob = static_cast<int>(whole.size()) - n_cont - 1;
-  SequenceScore score = whole_fits ? score_sequence(model, policy, config.mode, whole, prefill, budget_length, -1, first_logprob)
-                                   : score_sequence(model, policy, config.mode, input, prefill, budget_length, whole.back(), first_logprob);
+  SequenceScore score = score_joint_request(model, policy, config.mode, config.protocol, whole, n_ctx, first_logprob);
   *kv = score.kv;
   LoglikelihoodResult result;
   result.num_tokens = n_cont;

@@ -19,9 +19,20 @@ SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   return shape;
 }
 
+std::vector<TokenLogprob> top_logprobs(const double* logprobs, int vocab, int k) {
+  std::vector<int> ids(vocab);
+  for (int v = 0; v < vocab; ++v) ids[v] = v;
+  k = std::clamp(k, 0, vocab);
+  auto higher = [&](int a, int b) { return logprobs[a] > logprobs[b] || (logprobs[a] == logprobs[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
+  std::vector<TokenLogprob> top(k);
+  for (int i = 0; i < k; ++i) top[i] = {ids[i], logprobs[ids[i]]};
+  return top;
+}
+
 SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
                              const std::vector<int>& tokens, int prefill_len, int budget_length,
-                             int final_target, int first_logprob) {
+                             int final_target, int first_logprob, int top_k) {
   if (tokens.empty()) throw Error("nothing to score: the token sequence is empty");
   const int T = static_cast<int>(tokens.size());
   SequenceShape shape = shape_for(model, budget_length > 0 ? budget_length : T, prefill_len);
@@ -56,12 +67,15 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
   // Log-softmax in float64, a block of rows at a time: a float64 copy of all T x vocab
   // logits would be the largest buffer of a long sequence.
   result.next_token_logprob.assign(T - 1, std::numeric_limits<double>::quiet_NaN());
+  if (top_k > 0) result.top.resize(T);
   constexpr int kRowsPerBlock = 256;
   for (int r0 = std::clamp(first_logprob, 0, T - 1); r0 < T; r0 += kRowsPerBlock) {
     const int rows = std::min(kRowsPerBlock, T - r0);
-    auto logprobs = torch::log_softmax(logits.narrow(0, r0, rows).to(torch::kFloat64), -1);
+    auto logprobs = torch::log_softmax(logits.narrow(0, r0, rows).to(torch::kFloat64), -1).contiguous();
     auto acc = logprobs.accessor<double, 2>();
+    const int vocab = static_cast<int>(logprobs.size(1));
     for (int i = r0; i < r0 + rows; ++i) {
+      if (top_k > 0) result.top[i] = top_logprobs(&acc[i - r0][0], vocab, top_k);
       if (i + 1 < T) result.next_token_logprob[i] = acc[i - r0][tokens[i + 1]];
       else if (final_target >= 0) result.next_token_logprob.push_back(acc[i - r0][final_target]);
     }
@@ -115,14 +129,30 @@ Generation generate(const Model& model, const Policy& policy, const std::vector<
     } else {
       next = static_cast<int>(row.argmax().item<int64_t>());
     }
-    if (next == model.arch().eos_token_id && model.arch().eos_token_id >= 0) break;
+    if (options.top_logprobs >= 0) {
+      auto logprobs = torch::log_softmax(row.to(torch::kFloat64), -1).contiguous();
+      const double* values = logprobs.data_ptr<double>();
+      out.chosen.push_back({next, values[next]});
+      out.top.push_back(top_logprobs(values, static_cast<int>(logprobs.size(0)), std::max(1, options.top_logprobs)));
+    }
+    if (next == model.arch().eos_token_id && model.arch().eos_token_id >= 0) {
+      out.finish = FinishReason::Eos;
+      break;
+    }
     out.tokens.push_back(next);
+    if (options.on_token && !options.on_token(next)) {
+      out.finish = FinishReason::Cancelled;
+      break;
+    }
     if (tokenizer && !options.stop.empty()) {
       std::string text = tokenizer->decode(out.tokens);
       bool stopped = false;
       for (const auto& s : options.stop)
         if (text.find(s) != std::string::npos) stopped = true;
-      if (stopped) break;
+      if (stopped) {
+        out.finish = FinishReason::Stop;
+        break;
+      }
     }
     if (step + 1 == options.max_new_tokens) break;
     if (model.arch().positions == PositionKind::Learned && position + 1 > model.arch().max_positions) break;

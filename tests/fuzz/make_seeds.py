@@ -207,3 +207,24 @@ for f in sorted(os.listdir(configs)) if os.path.isdir(configs) else []:
 write("analyze_config", "small", json.dumps({"tasks": ["copa"], "analyze": [
     {"name": "text", "text_file": "text/tinystories_sample.txt", "max_tokens": 64, "deltas": [1, 4]},
     {"name": "copa", "task": "copa", "limit": 2, "recall_policies": ["h2o"], "recall_budgets": [0.2]}]}))
+
+# Server request bodies: lm-eval's two request shapes, text prompts, the kvevict object,
+# the tokenizer routes' bodies.
+for name, body in [
+    ("loglikelihood", {"model": "m", "prompt": [[1, 5, 6, 7], [1, 8, 9]], "temperature": 0, "max_tokens": 1,
+                       "logprobs": 1, "seed": 1234, "echo": True}),
+    ("generation", {"prompt": [[1, 5, 6]], "model": None, "max_tokens": 32, "temperature": 0,
+                    "stop": ["\n", "</s>"], "seed": 1234}),
+    ("text-stream", {"prompt": ["Once upon a time", "The cat"], "max_tokens": 8, "stream": True, "n": 1,
+                     "top_p": 1, "user": "u", "logit_bias": {}, "suffix": None}),
+    ("kvevict", {"prompt": "a", "echo": True, "logprobs": 5, "max_tokens": 0,
+                 "kvevict": {"policy": "h2o", "budget": 0.5, "heavy_share": 0.5, "context_tokens": 3}}),
+    ("kvevict-paper", {"prompt": [1, 2, 3], "kvevict": {"policy": "h2o-paper", "heavy_ratio": 0.1,
+                                                         "recent_ratio": 0.1}}),
+    ("kvevict-params", {"prompt": "x", "kvevict": {"policy": "streaming", "budget_tokens": 8, "n_sink": 4}}),
+    ("tokenize", {"prompt": "Once upon a time", "add_special_tokens": False}),
+    ("detokenize", {"tokens": [1, 5, 6, 511]}),
+]:
+    write("server_request", name, json.dumps(body))
+write("server_request", "duplicate-key", '{"prompt": "a", "prompt": "b"}')
+write("server_request", "huge-number", '{"prompt": "a", "temperature": 1e400, "max_tokens": 18446744073709551615}')

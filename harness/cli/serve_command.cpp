@@ -1,0 +1,126 @@
+// serve: the OpenAI-compatible completions server (harness/server/), its flags, the
+// signals that stop it and the lines it prints.
+#include <csignal>
+#include <fcntl.h>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+#include "harness/cli/cli_checks.h"
+#include "harness/cli/command.h"
+#include "harness/cli/commands.h"
+#include "harness/common/atomic_file.h"
+#include "harness/common/data_dir.h"
+#include "harness/common/errors.h"
+#include "harness/model/threads.h"
+#include "harness/server/server.h"
+
+namespace kvevict {
+namespace {
+
+struct ServeArgs {
+  std::string model, mode = "sim", protocol = "stream", host = "127.0.0.1", port_file, api_key;
+  int port = 8000, workers = 1, max_queue = 64;
+  server::RequestLimits limits;
+  RuntimeFlags runtime;
+  PolicyFlags policy;
+};
+
+void add_serve_flags(CLI::App& cmd, ServeArgs& a) {
+  cmd.add_option("--model", a.model, "Hugging Face model directory (default: the bundled stories260K)");
+  cmd.add_option("--mode", a.mode, "sim or decode")->check(CLI::IsMember({"sim", "decode"}))->capture_default_str();
+  cmd.add_option("--protocol", a.protocol,
+                 "stream (eviction from a prompt's first token) or prefill-compress (a request gives "
+                 "\"kvevict\": {\"context_tokens\": n})")
+      ->check(CLI::IsMember({"stream", "prefill-compress"}))
+      ->capture_default_str();
+  cmd.add_option("--host", a.host, "address to bind (anyone who reaches it may call the server)")->capture_default_str();
+  cmd.add_option("--port", a.port, "port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd.add_option("--port-file", a.port_file, "write the bound port here once listening");
+  cmd.add_option("--workers", a.workers, "requests computed at once (one shared model)")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--max-queue", a.max_queue, "requests that may wait for a worker; more get 503")
+      ->check(cli::at_least(0))->capture_default_str();
+  cmd.add_option("--api-key", a.api_key, "require \"Authorization: Bearer KEY\"");
+  cmd.add_option("--max-body-bytes", a.limits.max_body_bytes, "largest request body")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--max-prompts", a.limits.max_prompts, "prompts per request")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--max-tokens-limit", a.limits.max_tokens, "largest max_tokens a request may ask")
+      ->check(cli::at_least(0))->capture_default_str();
+  a.runtime.add_to(cmd);
+  a.policy.add_to(cmd);
+}
+
+// SIGINT/SIGTERM write a byte to this pipe (all a signal handler may safely do); a thread
+// reading it stops the server, which then finishes the requests in flight.
+int stop_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int) {
+  const char byte = 1;
+  [[maybe_unused]] ssize_t written = write(stop_pipe[1], &byte, 1);
+}
+
+int run_serve(ServeArgs& a, const Invocation& at) {
+  if (a.model.empty()) a.model = data_path("models/stories260K-hf", at.data_override);
+  auto model = Model::load(a.model, a.runtime.options);
+  use_threads_for(*model, a.runtime.options.threads);
+  server::CompletionSettings settings;
+  settings.mode = parse_mode(a.mode);
+  settings.protocol = parse_protocol(a.protocol);
+  settings.policy = a.policy.policy;
+  settings.policy_options = a.policy.options;
+  settings.limits = a.limits;
+  settings.limits.context = static_cast<int>(model->arch().max_positions);
+  settings.limits.vocab_size = static_cast<int>(model->arch().vocab);
+  server::Completer completer(*model, settings);
+
+  server::ServerOptions options;
+  options.host = a.host;
+  options.port = a.port;
+  options.workers = a.workers;
+  options.max_queue = a.max_queue;
+  options.api_key = a.api_key;
+  options.model_name = std::filesystem::path(a.model).filename().string();
+  if (options.model_name.empty()) options.model_name = std::filesystem::path(a.model).parent_path().filename().string();
+  std::mutex log_mutex;
+  server::Server server(completer, options, [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(log_mutex);
+    std::cerr << line << std::endl;
+  });
+  const int port = server.bind();
+
+  if (pipe(stop_pipe) != 0) throw Error("serve: cannot create the signal pipe");
+  fcntl(stop_pipe[1], F_SETFL, O_NONBLOCK);
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::thread stopper([&] {
+    char byte = 0;
+    while (read(stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    if (byte == 1) std::cerr << "stopping: finishing the requests in flight" << std::endl;
+    server.stop();
+  });
+
+  if (!a.port_file.empty()) write_file_atomically(a.port_file, std::to_string(port) + "\n");
+  std::cerr << "listening on http://" << a.host << ":" << port << std::endl;
+  server.serve();
+  // serve() also returns when listening fails; wake the stopper either way.
+  const char wake = 2;
+  [[maybe_unused]] ssize_t written = write(stop_pipe[1], &wake, 1);
+  stopper.join();
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, Commands& commands) {
+  add_command<ServeArgs>(commands, app, "serve",
+                         "OpenAI-compatible completions server (lm-evaluation-harness's local-completions) under a policy",
+                         add_serve_flags, run_serve);
+}
+
+}  // namespace kvevict

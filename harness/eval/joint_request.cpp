@@ -1,0 +1,23 @@
+#include "harness/eval/joint_request.h"
+
+#include <algorithm>
+
+namespace kvevict {
+
+SequenceScore score_joint_request(const Model& model, const Policy& policy, Mode mode, Protocol protocol,
+                                  const std::vector<int>& whole, int context_tokens, int first_logprob, int top_k) {
+  int prefill = 0, budget_length = static_cast<int>(whole.size());
+  if (protocol == Protocol::PrefillCompress) {
+    prefill = std::max(1, context_tokens);
+    budget_length = prefill;
+  }
+  // The pass covers all L rows where the model can place them, so a non-causal policy
+  // (h2o-global) sees the last row too; its logits are not used.
+  const bool whole_fits = model.arch().positions != PositionKind::Learned ||
+                          static_cast<int64_t>(whole.size()) <= model.arch().max_positions;
+  if (whole_fits) return score_sequence(model, policy, mode, whole, prefill, budget_length, -1, first_logprob, top_k);
+  const std::vector<int> input(whole.begin(), whole.end() - 1);
+  return score_sequence(model, policy, mode, input, prefill, budget_length, whole.back(), first_logprob, top_k);
+}
+
+}  // namespace kvevict

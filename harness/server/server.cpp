@@ -1,0 +1,386 @@
+#include "harness/server/server.h"
+
+#include <httplib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "harness/common/errors.h"
+
+namespace kvevict::server {
+
+namespace {
+
+using nlohmann::json;
+
+// Admits at most `workers` requests to compute at once and `max_queue` more to wait; a
+// request beyond that is refused at once (503) instead of waiting without bound.
+class Admission {
+ public:
+  Admission(int workers, int max_queue) : workers_(workers), capacity_(workers + max_queue) {}
+  bool try_enter() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (inside_ >= capacity_) return false;
+    ++inside_;
+    return true;
+  }
+  void wait_for_worker() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    free_.wait(lock, [&] { return running_ < workers_; });
+    ++running_;
+  }
+  void leave(bool was_running) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --inside_;
+    if (was_running) --running_;
+    free_.notify_one();
+  }
+  int waiting() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return inside_ - running_;
+  }
+  int running() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return running_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable free_;
+  int workers_, capacity_;
+  int inside_ = 0, running_ = 0;
+};
+
+// A worker slot held for the life of one request (released also when an answer is
+// streamed after the handler returned).
+class AdmissionTicket {
+ public:
+  explicit AdmissionTicket(Admission& admission) : admission_(admission) {}
+  ~AdmissionTicket() { admission_.leave(running_); }
+  void run() {
+    admission_.wait_for_worker();
+    running_ = true;
+  }
+
+ private:
+  Admission& admission_;
+  bool running_ = false;
+};
+
+struct Metrics {
+  std::atomic<long long> requests{0}, errors{0}, rejected{0}, tokens_scored{0}, tokens_generated{0};
+  std::mutex mutex;
+  double kv_kept = 0, kv_full = 0;  // summed over choices
+};
+
+// Per request, on the thread that handles it: when it started and the tokens it used.
+struct RequestLog {
+  std::chrono::steady_clock::time_point started;
+  long long tokens = 0;
+};
+thread_local RequestLog request_log;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_error(httplib::Response& res, const RequestError& error) {
+  res.status = error.status();
+  res.set_content(dump(error_json(error)), "application/json");
+}
+
+json logprobs_json(const Choice& c) {
+  json top = json::array();
+  for (size_t e = 0; e < c.top_logprobs.size(); ++e) {
+    if (e == 0 && std::isnan(c.token_logprobs[e])) {
+      top.push_back(nullptr);
+      continue;
+    }
+    json entry = json::object();
+    for (const auto& [text, logprob] : c.top_logprobs[e]) entry[text] = json_safe_logprob(logprob);
+    top.push_back(entry);
+  }
+  json values = json::array();
+  for (double lp : c.token_logprobs) values.push_back(std::isnan(lp) ? json(nullptr) : json(json_safe_logprob(lp)));
+  return json{{"tokens", c.tokens}, {"token_logprobs", values}, {"top_logprobs", top}, {"text_offset", c.text_offset}};
+}
+
+std::string completion_id() {
+  static std::atomic<long long> next{0};
+  return "cmpl-kvevict-" + std::to_string(++next);
+}
+
+}  // namespace
+
+struct Server::Impl {
+  const Completer& completer;
+  ServerOptions options;
+  LogLine log;
+  httplib::Server http;
+  Admission admission;
+  Metrics metrics;
+  std::string host;
+
+  Impl(const Completer& c, ServerOptions o, LogLine l)
+      : completer(c), options(std::move(o)), log(std::move(l)), admission(options.workers, options.max_queue) {}
+
+  RequestLimits limits() const { return completer.settings().limits; }
+
+  json choice_json(const Choice& c, int index) const {
+    json j = {{"index", index}, {"text", c.text}, {"finish_reason", c.finish_reason}, {"logprobs", nullptr}};
+    if (c.has_logprobs) j["logprobs"] = logprobs_json(c);
+    return j;
+  }
+
+  void count(const std::vector<Choice>& choices) {
+    long long prompt = 0, generated = 0;
+    double kept = 0, full = 0;
+    for (const Choice& c : choices) {
+      prompt += c.prompt_tokens;
+      generated += c.completion_tokens;
+      kept += c.kv_tokens_kept;
+      full += c.kv_tokens_full;
+    }
+    metrics.tokens_scored += prompt;
+    metrics.tokens_generated += generated;
+    request_log.tokens = prompt + generated;
+    std::lock_guard<std::mutex> lock(metrics.mutex);
+    metrics.kv_kept += kept;
+    metrics.kv_full += full;
+  }
+
+  json completion_json(const std::vector<Choice>& choices, const std::string& id) const {
+    json out = {{"id", id}, {"object", "text_completion"}, {"created", static_cast<long long>(std::time(nullptr))},
+                {"model", options.model_name}, {"choices", json::array()}};
+    long long prompt = 0, generated = 0;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      out["choices"].push_back(choice_json(choices[i], static_cast<int>(i)));
+      prompt += choices[i].prompt_tokens;
+      generated += choices[i].completion_tokens;
+    }
+    out["usage"] = {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+    return out;
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    auto request = std::make_shared<CompletionRequest>(parse_completion_request(req.body, limits()));
+    auto prepared = std::make_shared<Completer::Prepared>(completer.prepare(*request));
+    if (!admission.try_enter()) {
+      ++metrics.rejected;
+      res.set_header("Retry-After", "1");
+      throw RequestError(503,
+                         "the server is busy: " + std::to_string(options.workers) + " worker(s) and a queue of " +
+                             std::to_string(options.max_queue) + " are full; retry later",
+                         "", "server_error", "queue_full");
+    }
+    auto ticket = std::make_shared<AdmissionTicket>(admission);
+    const std::string id = completion_id();
+    if (!request->stream) {
+      ticket->run();
+      std::vector<Choice> choices = completer.complete(*prepared, {});
+      count(choices);
+      res.set_content(dump(completion_json(choices, id)), "application/json");
+      return;
+    }
+    // Server-sent events: one chunk per piece of text as it is generated, then a chunk per
+    // choice with its finish reason, then [DONE]. The work runs as the answer is written.
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, request, prepared, ticket, id](size_t, httplib::DataSink& sink) {
+          auto event = [&](const json& j) {
+            const std::string line = "data: " + dump(j) + "\n\n";
+            return sink.is_writable() && sink.write(line.data(), line.size());
+          };
+          auto chunk = [&](int index, const std::string& text, const json& finish) {
+            json c = {{"id", id}, {"object", "text_completion"}, {"created", static_cast<long long>(std::time(nullptr))},
+                      {"model", options.model_name},
+                      {"choices", json::array({json{{"index", index}, {"text", text}, {"logprobs", nullptr},
+                                                    {"finish_reason", finish}}})}};
+            return event(c);
+          };
+          ticket->run();
+          try {
+            std::vector<Choice> choices =
+                completer.complete(*prepared, [&](int index, const std::string& text) { return chunk(index, text, nullptr); });
+            count(choices);
+            for (size_t i = 0; i < choices.size(); ++i) chunk(static_cast<int>(i), "", choices[i].finish_reason);
+          } catch (const RequestError& e) {
+            event(error_json(e));
+          } catch (const std::exception& e) {
+            event(error_json(RequestError(500, std::string("internal error: ") + e.what(), "", "server_error")));
+          }
+          const std::string done = "data: [DONE]\n\n";
+          if (sink.is_writable()) sink.write(done.data(), done.size());
+          sink.done();
+          return true;
+        });
+  }
+
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    bool add_special = false;
+    const std::string text = parse_tokenize_request(req.body, limits(), &add_special);
+    const Model& model = completer.model();
+    std::vector<int> ids = add_special ? model.encode(text, true) : model.require_tokenizer().encode(text);
+    res.set_content(dump(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", limits().context}}),
+                    "application/json");
+  }
+
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    const std::vector<int> ids = parse_detokenize_request(req.body, limits());
+    res.set_content(dump(json{{"prompt", completer.model().require_tokenizer().decode(ids)}}), "application/json");
+  }
+
+  void tokenizer_info(httplib::Response& res) {
+    const Model& model = completer.model();
+    const Tokenizer& tokenizer = model.require_tokenizer();
+    // A control token (SentencePiece's <s>, </s>) decodes to no text: null, not "" (lm-eval
+    // adds eos_token to every stop list and takes encode(token)[0] as the token's id).
+    auto special = [&](int id) {
+      const std::string text = id >= 0 ? tokenizer.decode({id}) : std::string();
+      return text.empty() ? json(nullptr) : json(text);
+    };
+    json info = {{"eos_token", special(model.arch().eos_token_id)},
+                 {"bos_token", special(model.arch().bos_token_id)},
+                 {"eos_token_id", model.arch().eos_token_id},
+                 {"bos_token_id", model.arch().bos_token_id},
+                 {"pad_token", nullptr},
+                 {"model_max_length", limits().context},
+                 {"vocab_size", tokenizer.vocab_size()}};
+    res.set_content(dump(info), "application/json");
+  }
+
+  void metrics_text(httplib::Response& res) {
+    std::ostringstream out;
+    double kept = 0, full = 0;
+    {
+      std::lock_guard<std::mutex> lock(metrics.mutex);
+      kept = metrics.kv_kept;
+      full = metrics.kv_full;
+    }
+    auto counter = [&](const char* name, const char* help, long long value) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n" << name << " " << value << "\n";
+    };
+    counter("kvevict_requests_total", "completion requests answered", metrics.requests.load());
+    counter("kvevict_request_errors_total", "completion requests refused (4xx or 5xx)", metrics.errors.load());
+    counter("kvevict_requests_rejected_total", "completion requests refused with 503 (queue full)", metrics.rejected.load());
+    counter("kvevict_prompt_tokens_total", "prompt tokens scored", metrics.tokens_scored.load());
+    counter("kvevict_generated_tokens_total", "tokens generated", metrics.tokens_generated.load());
+    out << "# HELP kvevict_queue_depth requests waiting for a worker\n# TYPE kvevict_queue_depth gauge\n"
+        << "kvevict_queue_depth " << admission.waiting() << "\n";
+    out << "# HELP kvevict_requests_running requests being computed\n# TYPE kvevict_requests_running gauge\n"
+        << "kvevict_requests_running " << admission.running() << "\n";
+    out << "# HELP kvevict_kv_tokens_kept_total KV tokens held at the end of each choice (mean over layers), summed\n"
+        << "# TYPE kvevict_kv_tokens_kept_total counter\nkvevict_kv_tokens_kept_total " << kept << "\n";
+    out << "# HELP kvevict_kv_tokens_full_total KV tokens a full cache would hold at the end of each choice, summed\n"
+        << "# TYPE kvevict_kv_tokens_full_total counter\nkvevict_kv_tokens_full_total " << full << "\n";
+    res.set_content(out.str(), "text/plain; version=0.0.4");
+  }
+
+  // Every route's errors become OpenAI-style error bodies; nothing escapes to httplib.
+  template <typename Body>
+  httplib::Server::Handler guarded(Body body, bool counted = false) {
+    return [this, body, counted](const httplib::Request& req, httplib::Response& res) {
+      try {
+        body(req, res);
+        if (counted) ++metrics.requests;
+      } catch (const RequestError& e) {
+        if (counted) ++metrics.errors;
+        send_error(res, e);
+      } catch (const std::exception& e) {
+        if (counted) ++metrics.errors;
+        send_error(res, RequestError(500, std::string("internal error: ") + e.what(), "", "server_error"));
+      }
+    };
+  }
+
+  void routes() {
+    http.Post("/v1/completions", guarded([this](const auto& req, auto& res) { completions(req, res); }, true));
+    http.Post("/tokenize", guarded([this](const auto& req, auto& res) { tokenize(req, res); }));
+    http.Post("/detokenize", guarded([this](const auto& req, auto& res) { detokenize(req, res); }));
+    http.Get("/tokenizer_info", guarded([this](const auto&, auto& res) { tokenizer_info(res); }));
+    http.Get("/v1/models", guarded([this](const auto&, auto& res) {
+      json model = {{"id", options.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "kvevict"},
+                    {"max_model_len", limits().context}};
+      res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
+    }));
+    http.Get("/health", guarded([](const auto&, auto& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); }));
+    http.Get("/metrics", guarded([this](const auto&, auto& res) { metrics_text(res); }));
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      request_log = RequestLog{std::chrono::steady_clock::now(), 0};
+      if (!options.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+        send_error(res, RequestError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "",
+                                     "invalid_request_error", "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // httplib's own refusals (no route, a body over the limit, a malformed request line).
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string message = "HTTP " + std::to_string(res.status);
+      if (res.status == 404) message = "no route " + req.method + " " + req.path;
+      if (res.status == 413) message = "request body exceeds the limit";
+      if (res.status == 400) message = "malformed HTTP request";
+      send_error(res, RequestError(res.status, message));
+    });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - request_log.started).count();
+      std::ostringstream line;
+      line << req.method << " " << req.path << " " << res.status << " tokens=" << request_log.tokens << " ms=";
+      line.setf(std::ios::fixed);
+      line.precision(1);
+      line << ms;
+      if (log) log(line.str());
+    });
+  }
+};
+
+Server::Server(const Completer& completer, ServerOptions options, LogLine log)
+    : impl_(std::make_unique<Impl>(completer, std::move(options), std::move(log))) {
+  if (impl_->options.workers < 1) throw Error("--workers must be at least 1");
+  if (impl_->options.max_queue < 0) throw Error("--max-queue must be at least 0");
+  impl_->routes();
+  const int threads = impl_->options.workers + impl_->options.max_queue + 4;  // waiting requests hold a thread each
+  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->http.set_payload_max_length(static_cast<size_t>(impl_->limits().max_body_bytes));
+  impl_->http.set_read_timeout(impl_->options.io_timeout_seconds);
+  impl_->http.set_write_timeout(impl_->options.io_timeout_seconds);
+  impl_->http.set_keep_alive_timeout(2);
+  // httplib writes a response's headers and body separately: without TCP_NODELAY, Nagle's
+  // algorithm holds the body until the client's delayed ACK (40 ms per request). Accepted
+  // sockets inherit it from the listening one.
+  impl_->http.set_socket_options([](socket_t sock) {
+    httplib::default_socket_options(sock);
+    int yes = 1;
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+  });
+}
+
+Server::~Server() = default;
+
+int Server::bind() {
+  const auto& o = impl_->options;
+  int port = o.port;
+  if (o.port == 0) {
+    port = impl_->http.bind_to_any_port(o.host);
+    if (port <= 0) throw Error("cannot bind " + o.host + " to a free port");
+  } else if (!impl_->http.bind_to_port(o.host, o.port)) {
+    throw Error("cannot bind " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address of this machine)");
+  }
+  return port;
+}
+
+void Server::serve() { impl_->http.listen_after_bind(); }
+
+void Server::stop() { impl_->http.stop(); }
+
+}  // namespace kvevict::server

@@ -1,0 +1,42 @@
+// `kvevict serve`'s HTTP server (cpp-httplib): the OpenAI completions route, the
+// tokenizer routes lm-eval's remote tokenizer uses, models, health and Prometheus
+// metrics; a bounded queue in front of N workers that share one read-only model.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "harness/server/completion.h"
+
+namespace kvevict::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;           // 0: any free port
+  int workers = 1;           // requests computed at once
+  int max_queue = 64;        // requests waiting for a worker; one more gets 503
+  std::string api_key;       // "": no authentication
+  std::string model_name;    // the id /v1/models lists
+  int io_timeout_seconds = 60;  // reading a request, writing an answer
+};
+
+// One line per request (method, path, status, tokens, milliseconds) and other notices.
+using LogLine = std::function<void(const std::string&)>;
+
+class Server {
+ public:
+  Server(const Completer& completer, ServerOptions options, LogLine log);
+  ~Server();
+  // Binds the socket; returns the port (the one chosen for port 0). Throws kvevict::Error.
+  int bind();
+  // Answers requests until stop(); returns once the requests in flight have been answered.
+  void serve();
+  // From any thread (not from a signal handler): stop accepting and let serve() return.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvevict::server

@@ -1,0 +1,531 @@
+// `kvevict serve` driven over real HTTP: the real binary started on a free port, asked by
+// httplib's client with the request shapes lm-eval's local-completions model sends, and
+// its answers checked against `kvevict eval` and `kvevict generate` for the same tokens.
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "harness/common/files.h"
+#include "harness/tokenizers/tokenizer.h"
+#include "tasks/task.h"
+#include "tests/test_support.h"
+
+namespace kvevict {
+namespace {
+
+using nlohmann::json;
+
+// The model's tokenizer (LibTorch-free: this file needs no model in-process).
+const Tokenizer& stories_tokenizer() {
+  static const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(test::data("models/stories260K-hf"));
+  return *tokenizer;
+}
+
+// The server as a child process: started with --port 0 --port-file, stopped with SIGTERM.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& flags, const std::string& name) {
+    dir_ = test::temp_dir("server_" + name);
+    port_file_ = dir_ + "/port";
+    log_ = dir_ + "/stderr";
+    std::vector<std::string> args = {test::kvevict_binary(), "serve", "--port", "0", "--port-file", port_file_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::freopen(log_.c_str(), "w", stderr);
+      std::freopen("/dev/null", "w", stdout);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    for (int i = 0; i < 600 && port_ == 0; ++i) {
+      std::ifstream in(port_file_);
+      int port = 0;
+      if (in >> port) port_ = port;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      int status = 0;
+      if (port_ == 0 && ::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+    }
+    if (port_ == 0) FAIL("kvevict serve did not start: " << test::read_text(log_));
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return test::read_text(log_); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120);
+    return c;
+  }
+  // SIGTERM; the exit status.
+  int terminate() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  std::string dir_, port_file_, log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+json post(const ServerProcess& server, const std::string& path, const json& body, int expect = 200) {
+  auto client = server.client();
+  auto res = client.Post(path.c_str(), body.dump(), "application/json");
+  REQUIRE(res);
+  INFO(res->body);
+  REQUIRE(res->status == expect);
+  return parse_json(res->body, path);
+}
+
+// The COPA documents eval scores with these task options (eval's defaults and --limit).
+std::vector<MultipleChoiceDoc> copa_docs(int limit) {
+  TaskOptions options;
+  options.data_dir = test::data("");
+  options.limit = limit;
+  return make_task("copa")->multiple_choice_docs(options);
+}
+
+// Per document, eval's per-choice scores from its --predictions file.
+std::vector<std::vector<double>> eval_scores(const std::string& flags, int limit, const std::string& name) {
+  const std::string path = test::temp_dir("server_eval_" + name) + "/predictions.jsonl";
+  auto run = test::run_kvevict("eval --task copa --limit " + std::to_string(limit) + " " + flags +
+                               " --predictions " + path);
+  INFO(run.err);
+  REQUIRE(run.exit_code == 0);
+  std::vector<std::vector<double>> scores;
+  std::istringstream in(test::read_text(path));
+  std::string line;
+  while (std::getline(in, line)) scores.push_back(parse_json(line, path)["scores"].get<std::vector<double>>());
+  return scores;
+}
+
+// lm-eval's loglikelihood request for COPA documents: context and continuation encoded
+// separately (eval's own tokenization, no BOS), sent as one token-id prompt each, echo,
+// max_tokens 1, logprobs 1; the answer summed as lm-eval sums it (token_logprobs[ctxlen:-1]).
+std::vector<std::vector<double>> served_scores(const ServerProcess& server, const std::vector<MultipleChoiceDoc>& docs,
+                                               const json& extension = nullptr) {
+  const Tokenizer& tokenizer = stories_tokenizer();
+  std::vector<std::vector<double>> scores;
+  for (const auto& doc : docs) {
+    json prompts = json::array();
+    std::vector<size_t> context_lengths, lengths;
+    for (const auto& request : doc.requests) {
+      std::vector<int> whole = tokenizer.encode(request.context);
+      context_lengths.push_back(whole.size());
+      const auto continuation = tokenizer.encode(request.continuation);
+      whole.insert(whole.end(), continuation.begin(), continuation.end());
+      lengths.push_back(whole.size());
+      prompts.push_back(whole);
+    }
+    json body = {{"model", "stories260K-hf"}, {"prompt", prompts}, {"temperature", 0}, {"max_tokens", 1},
+                 {"logprobs", 1}, {"seed", 1234}, {"echo", true}};
+    if (!extension.is_null()) body["kvevict"] = extension;
+    const json answer = post(server, "/v1/completions", body);
+    REQUIRE(answer["choices"].size() == doc.requests.size());
+    std::vector<double> doc_scores;
+    for (const auto& choice : answer["choices"]) {
+      const size_t index = choice["index"].get<size_t>();
+      const json& lp = choice["logprobs"];
+      REQUIRE(lp["token_logprobs"].size() == lengths[index] + 1);  // the prompt and one generated token
+      REQUIRE(lp["tokens"].size() == lengths[index] + 1);
+      REQUIRE(lp["text_offset"].size() == lengths[index] + 1);
+      CHECK(lp["token_logprobs"][0].is_null());
+      CHECK(lp["top_logprobs"][0].is_null());
+      double sum = 0;
+      for (size_t i = context_lengths[index]; i + 1 < lp["token_logprobs"].size(); ++i) {
+        sum += lp["token_logprobs"][i].get<double>();
+        // lm-eval's greedy check: the entry is compared with the largest top value.
+        const json& top = lp["top_logprobs"][i];
+        REQUIRE(top.is_object());
+        REQUIRE(!top.empty());
+        double best = -1e300;
+        for (const auto& [text, value] : top.items()) best = std::max(best, value.get<double>());
+        CHECK(best >= lp["token_logprobs"][i].get<double>());
+      }
+      doc_scores.resize(doc.requests.size());
+      doc_scores[index] = sum;
+    }
+    scores.push_back(doc_scores);
+  }
+  return scores;
+}
+
+void check_equal_scores(const std::vector<std::vector<double>>& served, const std::vector<std::vector<double>>& eval) {
+  REQUIRE(served.size() == eval.size());
+  for (size_t d = 0; d < served.size(); ++d) {
+    REQUIRE(served[d].size() == eval[d].size());
+    for (size_t c = 0; c < served[d].size(); ++c) {
+      INFO("document " << d << " choice " << c);
+      CHECK(std::isfinite(served[d][c]));
+      CHECK(served[d][c] == eval[d][c]);  // the same pass, the same numbers
+    }
+  }
+}
+
+constexpr int kDocs = 6;
+
+TEST_CASE("served COPA log-likelihoods equal kvevict eval's under full, h2o and h2o-paper", "[server]") {
+  const auto docs = copa_docs(kDocs);
+  REQUIRE(docs.size() == kDocs);
+  SECTION("full cache (the server's default policy)") {
+    ServerProcess server({}, "full");
+    check_equal_scores(served_scores(server, docs), eval_scores("", kDocs, "full"));
+  }
+  SECTION("h2o from the server's flags, and from a request's kvevict object") {
+    ServerProcess server({"--policy", "h2o", "--budget", "0.5"}, "h2o");
+    const auto eval = eval_scores("--policy h2o --budget 0.5", kDocs, "h2o");
+    check_equal_scores(served_scores(server, docs), eval);
+    ServerProcess plain({}, "plain");
+    check_equal_scores(served_scores(plain, docs, json{{"policy", "h2o"}, {"budget", 0.5}}), eval);
+    // The policy does change the numbers.
+    CHECK(served_scores(plain, docs) != eval);
+  }
+  SECTION("h2o-paper (sim-only) through the kvevict object") {
+    ServerProcess server({}, "h2o_paper");
+    const json extension = {{"policy", "h2o-paper"}, {"heavy_ratio", 0.2}, {"recent_ratio", 0.2}};
+    check_equal_scores(served_scores(server, docs, extension),
+                       eval_scores("--policy h2o-paper --heavy-ratio 0.2 --recent-ratio 0.2", kDocs, "h2o_paper"));
+  }
+  SECTION("decode mode") {
+    ServerProcess server({"--mode", "decode", "--policy", "h2o", "--budget", "0.5"}, "decode");
+    check_equal_scores(served_scores(server, docs), eval_scores("--mode decode --policy h2o --budget 0.5", kDocs, "decode"));
+  }
+}
+
+// [BOS] + the text's tokens: what `kvevict generate --prompt TEXT` runs on.
+std::vector<int> generate_prompt(const std::string& text) {
+  std::vector<int> ids = {test::read_json(test::data("models/stories260K-hf/config.json"))["bos_token_id"].get<int>()};
+  const auto tokens = stories_tokenizer().encode(text);
+  ids.insert(ids.end(), tokens.begin(), tokens.end());
+  return ids;
+}
+
+TEST_CASE("served greedy generations equal kvevict generate's, streamed or not", "[server]") {
+  const std::string text = "Once upon a time, there was a little dog";
+  for (const std::string policy : {"full", "h2o"}) {
+    DYNAMIC_SECTION(policy) {
+      const std::vector<std::string> flags =
+          policy == "full" ? std::vector<std::string>{} : std::vector<std::string>{"--policy", "h2o", "--budget", "0.5"};
+      ServerProcess server(flags, "gen_" + policy);
+      auto cli = test::run_kvevict("generate --prompt '" + text + "' --max-new-tokens 40 --stream" +
+                                   (policy == "full" ? std::string() : " --policy h2o --budget 0.5"));
+      REQUIRE(cli.exit_code == 0);
+      // lm-eval's generation request: token ids, stop list, max_tokens, temperature 0.
+      const json body = {{"prompt", json::array({generate_prompt(text)})}, {"max_tokens", 40}, {"temperature", 0},
+                         {"stop", json::array({"</s>"})}, {"seed", 1234}};
+      const json answer = post(server, "/v1/completions", body);
+      const std::string completion = answer["choices"][0]["text"].get<std::string>();
+      CHECK(text + completion + "\n" == cli.out);
+      CHECK(answer["usage"]["prompt_tokens"] == generate_prompt(text).size());
+      // A stop string is cut from the text and ends generation.
+      const std::string word = completion.substr(completion.size() / 2, 3);
+      json stopped_body = body;
+      stopped_body["stop"] = json::array({"\n\n", word});
+      const json stopped = post(server, "/v1/completions", stopped_body);
+      CHECK(stopped["choices"][0]["finish_reason"] == "stop");
+      CHECK(stopped["choices"][0]["text"] == completion.substr(0, completion.find(word)));
+      // Streamed: the chunks concatenate to the same text.
+      json stream_body = body;
+      stream_body["stream"] = true;
+      auto client = server.client();
+      auto res = client.Post("/v1/completions", stream_body.dump(), "application/json");
+      REQUIRE(res);
+      REQUIRE(res->status == 200);
+      CHECK(res->get_header_value("Content-Type").find("text/event-stream") == 0);
+      std::istringstream events(res->body);
+      std::string line, streamed, finish;
+      bool done = false;
+      int chunks = 0;
+      while (std::getline(events, line)) {
+        if (line.empty()) continue;
+        REQUIRE(line.rfind("data: ", 0) == 0);
+        const std::string data = line.substr(6);
+        if (data == "[DONE]") {
+          done = true;
+          continue;
+        }
+        const json chunk = parse_json(data, "chunk");
+        streamed += chunk["choices"][0]["text"].get<std::string>();
+        if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+        ++chunks;
+      }
+      CHECK(done);
+      CHECK(chunks > 2);
+      CHECK(streamed == completion);
+      CHECK(finish == answer["choices"][0]["finish_reason"].get<std::string>());
+    }
+  }
+}
+
+TEST_CASE("the tokenizer routes give the model tokenizer's encoding, and the small routes answer", "[server]") {
+  ServerProcess server({}, "routes");
+  const Tokenizer& tokenizer = stories_tokenizer();
+  for (const std::string text : {"Once upon a time", " leading space", "a\nb", "", "naïve café ☃"}) {
+    const json ids = post(server, "/tokenize", {{"prompt", text}, {"add_special_tokens", false}})["tokens"];
+    CHECK(ids.get<std::vector<int>>() == tokenizer.encode(text));
+    CHECK(post(server, "/detokenize", {{"tokens", ids}})["prompt"] == tokenizer.decode(ids.get<std::vector<int>>()));
+  }
+  CHECK(post(server, "/tokenize", {{"prompt", "Hi"}, {"add_special_tokens", true}})["tokens"].front() == 1);
+  auto client = server.client();
+  auto info = client.Get("/tokenizer_info");
+  REQUIRE(info);
+  CHECK(info->status == 200);
+  CHECK(parse_json(info->body, "info").contains("eos_token"));
+  auto models = client.Get("/v1/models");
+  REQUIRE(models);
+  CHECK(parse_json(models->body, "models")["data"][0]["id"] == "stories260K-hf");
+  auto health = client.Get("/health");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  post(server, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 3}, {"temperature", 0}});
+  auto metrics = client.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("kvevict_requests_total 1") != std::string::npos);
+  CHECK(metrics->body.find("kvevict_queue_depth 0") != std::string::npos);
+  CHECK(metrics->body.find("kvevict_generated_tokens_total 3") != std::string::npos);
+  // Without echo, logprobs cover the generated tokens only; a request's text prompt works.
+  const json answer = post(server, "/v1/completions",
+                           {{"prompt", json::array({"Once upon", "The cat"})}, {"max_tokens", 4}, {"temperature", 0},
+                            {"logprobs", 2}});
+  REQUIRE(answer["choices"].size() == 2);
+  for (const auto& choice : answer["choices"]) {
+    CHECK(choice["logprobs"]["token_logprobs"].size() == 4);
+    CHECK(choice["logprobs"]["top_logprobs"][0].size() >= 2);
+  }
+  CHECK(server.log().find("POST /v1/completions 200") != std::string::npos);
+}
+
+struct BadRequest {
+  std::string name, method, path, body;
+  int status;
+  std::string names;  // the error's param, or a word its message holds
+  std::string header = "";
+};
+
+TEST_CASE("bad requests get an OpenAI error naming the field, and the server keeps serving", "[server]") {
+  ServerProcess server({"--api-key", "sesame", "--max-body-bytes", "4096", "--max-prompts", "4"}, "bad");
+  const std::string ids600 = "[1, 600]";
+  const std::vector<BadRequest> cases = {
+      {"invalid JSON", "POST", "/v1/completions", "{\"prompt\": ", 400, "malformed JSON"},
+      {"not an object", "POST", "/v1/completions", "[1, 2]", 400, "JSON object"},
+      {"duplicate key", "POST", "/v1/completions", "{\"prompt\": \"a\", \"prompt\": \"b\"}", 400, "twice"},
+      {"no prompt", "POST", "/v1/completions", "{\"max_tokens\": 1}", 400, "prompt"},
+      {"prompt a number", "POST", "/v1/completions", "{\"prompt\": 5}", 400, "prompt"},
+      {"empty prompt string", "POST", "/v1/completions", "{\"prompt\": \"\"}", 400, "prompt"},
+      {"empty prompt list", "POST", "/v1/completions", "{\"prompt\": []}", 400, "prompt"},
+      {"empty id list", "POST", "/v1/completions", "{\"prompt\": [[]]}", 400, "prompt"},
+      {"id out of range", "POST", "/v1/completions", "{\"prompt\": " + ids600 + "}", 400, "prompt"},
+      {"negative id", "POST", "/v1/completions", "{\"prompt\": [1, -3]}", 400, "prompt"},
+      {"id not an integer", "POST", "/v1/completions", "{\"prompt\": [1, 2.5]}", 400, "prompt"},
+      {"mixed prompt list", "POST", "/v1/completions", "{\"prompt\": [\"a\", [1]]}", 400, "prompt"},
+      {"too many prompts", "POST", "/v1/completions", "{\"prompt\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "prompt"},
+      {"prompt too long", "POST", "/v1/completions", "{\"prompt\": [" + [] {
+         std::string s = "1";
+         for (int i = 0; i < 600; ++i) s += ",5";
+         return s;
+       }() + "], \"max_tokens\": 0}", 400, "prompt"},
+      {"prompt + max_tokens over the context", "POST", "/v1/completions",
+       "{\"prompt\": [1,5,6,7], \"max_tokens\": 510}", 400, "prompt"},
+      {"negative max_tokens", "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": -1}", 400, "max_tokens"},
+      {"max_tokens a string", "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": \"5\"}", 400, "max_tokens"},
+      {"max_tokens over the limit", "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 100000}", 400, "max_tokens"},
+      {"n > 1", "POST", "/v1/completions", "{\"prompt\": \"a\", \"n\": 2}", 400, "n"},
+      {"best_of 3", "POST", "/v1/completions", "{\"prompt\": \"a\", \"best_of\": 3}", 400, "best_of"},
+      {"temperature 1e400", "POST", "/v1/completions", "{\"prompt\": \"a\", \"temperature\": 1e400}", 400, "malformed JSON"},
+      {"negative temperature", "POST", "/v1/completions", "{\"prompt\": \"a\", \"temperature\": -1}", 400, "temperature"},
+      {"top_p 0", "POST", "/v1/completions", "{\"prompt\": \"a\", \"top_p\": 0}", 400, "top_p"},
+      {"logprobs 21", "POST", "/v1/completions", "{\"prompt\": \"a\", \"logprobs\": 21}", 400, "logprobs"},
+      {"logprobs true", "POST", "/v1/completions", "{\"prompt\": \"a\", \"logprobs\": true}", 400, "logprobs"},
+      {"echo a string", "POST", "/v1/completions", "{\"prompt\": \"a\", \"echo\": \"yes\"}", 400, "echo"},
+      {"stop a number", "POST", "/v1/completions", "{\"prompt\": \"a\", \"stop\": 3}", 400, "stop"},
+      {"stop list with a number", "POST", "/v1/completions", "{\"prompt\": \"a\", \"stop\": [\"x\", 3]}", 400, "stop"},
+      {"seed a string", "POST", "/v1/completions", "{\"prompt\": \"a\", \"seed\": \"x\"}", 400, "seed"},
+      {"unknown field", "POST", "/v1/completions", "{\"prompt\": \"a\", \"frobnicate\": 1}", 400, "frobnicate"},
+      {"kvevict not an object", "POST", "/v1/completions", "{\"prompt\": \"a\", \"kvevict\": 1}", 400, "kvevict"},
+      {"unknown policy", "POST", "/v1/completions", "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"nope\"}}", 400,
+       "kvevict.policy"},
+      {"unknown policy option", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"h2o\", \"wibble\": 2}}", 400, "kvevict.wibble"},
+      {"budget out of range", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"h2o\", \"budget\": 1.5}}", 400, "kvevict.budget"},
+      {"budget and budget_tokens", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"h2o\", \"budget\": 0.5, \"budget_tokens\": 4}}", 400,
+       "kvevict.budget"},
+      {"policy parameter out of range", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"streaming\", \"budget\": 0.5, \"n_sink\": -5}}", 400, "n_sink"},
+      {"token budget over the prompt", "POST", "/v1/completions",
+       "{\"prompt\": [1, 5, 6], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0, \"kvevict\": {\"policy\": \"h2o\", "
+       "\"budget_tokens\": 50}}",
+       400, "kvevict"},
+      {"sim-only policy asked to generate", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"max_tokens\": 5, \"kvevict\": {\"policy\": \"h2o-paper\", \"heavy_ratio\": 0.1, "
+       "\"recent_ratio\": 0.1}}",
+       400, "max_tokens"},
+      {"body over the limit", "POST", "/v1/completions", "{\"prompt\": \"" + std::string(5000, 'a') + "\"}", 413, ""},
+      {"tokenize without prompt", "POST", "/tokenize", "{}", 400, "prompt"},
+      {"tokenize prompt a list", "POST", "/tokenize", "{\"prompt\": [1]}", 400, "prompt"},
+      {"detokenize id out of range", "POST", "/detokenize", "{\"tokens\": [1, 512]}", 400, "tokens"},
+      {"detokenize tokens a string", "POST", "/detokenize", "{\"tokens\": \"1 2\"}", 400, "tokens"},
+      {"no such route", "GET", "/v2/nothing", "", 404, "/v2/nothing"},
+      {"no API key", "POST", "/v1/completions", "{\"prompt\": \"a\"}", 401, "API key", "none"},
+      {"wrong API key", "GET", "/health", "", 401, "API key", "Bearer wrong"},
+  };
+  REQUIRE(cases.size() >= 30);
+  for (const auto& c : cases) {
+    INFO(c.name << ": " << c.body.substr(0, 200));
+    httplib::Client client = server.client();
+    httplib::Headers headers;
+    if (c.header != "none") headers.emplace("Authorization", c.header.empty() ? "Bearer sesame" : c.header);
+    auto res = c.method == "GET" ? client.Get(c.path.c_str(), headers)
+                                 : client.Post(c.path.c_str(), headers, c.body, "application/json");
+    REQUIRE(res);
+    INFO(res->body);
+    CHECK(res->status == c.status);
+    const json error = parse_json(res->body, "error body")["error"];
+    for (const char* field : {"message", "type", "param", "code"}) CHECK(error.contains(field));
+    if (!c.names.empty()) {
+      const bool named = (error["param"].is_string() && error["param"].get<std::string>() == c.names) ||
+                         error["message"].get<std::string>().find(c.names) != std::string::npos;
+      CHECK(named);
+    }
+    auto health = client.Get("/health", httplib::Headers{{"Authorization", "Bearer sesame"}});
+    REQUIRE(health);
+    CHECK(health->status == 200);
+  }
+}
+
+TEST_CASE("concurrent clients get the answers one client gets; a full queue gives 503; SIGTERM finishes the request",
+          "[server]") {
+  const auto docs = copa_docs(2);
+  const Tokenizer& tokenizer = stories_tokenizer();
+  json prompts = json::array();
+  for (const auto& r : docs[0].requests) {
+    auto ids = tokenizer.encode(r.context);
+    auto cont = tokenizer.encode(r.continuation);
+    ids.insert(ids.end(), cont.begin(), cont.end());
+    prompts.push_back(ids);
+  }
+  const json scoring = {{"prompt", prompts}, {"max_tokens", 1}, {"logprobs", 1}, {"echo", true}, {"temperature", 0},
+                        {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
+  const json generation = {{"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0}};
+  // The answer without its per-request id and time.
+  auto answer_bytes = [](const std::string& body) {
+    json j = parse_json(body, "answer");
+    j.erase("id");
+    j.erase("created");
+    return j.dump();
+  };
+  SECTION("8 clients at once") {
+    ServerProcess server({"--workers", "2", "--mode", "decode"}, "concurrent");
+    std::vector<std::string> alone;
+    for (const json& body : {scoring, generation}) {
+      auto res = server.client().Post("/v1/completions", body.dump(), "application/json");
+      REQUIRE(res);
+      REQUIRE(res->status == 200);
+      alone.push_back(answer_bytes(res->body));
+    }
+    std::vector<std::string> got(16);
+    std::vector<int> status(16, 0);
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 8; ++c)
+      clients.emplace_back([&, c] {
+        for (int k = 0; k < 2; ++k) {
+          auto res = server.client().Post("/v1/completions", (k == 0 ? scoring : generation).dump(), "application/json");
+          if (!res) continue;
+          status[2 * c + k] = res->status;
+          got[2 * c + k] = res->body;
+        }
+      });
+    for (auto& t : clients) t.join();
+    for (int i = 0; i < 16; ++i) {
+      INFO("client " << i / 2 << " request " << i % 2);
+      REQUIRE(status[i] == 200);
+      CHECK(answer_bytes(got[i]) == alone[i % 2]);
+    }
+  }
+  SECTION("a full queue answers 503 with Retry-After") {
+    ServerProcess server({"--workers", "1", "--max-queue", "0", "--mode", "decode"}, "queue");
+    const json slow = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0},
+                       {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
+    std::vector<int> status(6, 0);
+    std::vector<std::string> retry(6);
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 6; ++c)
+      clients.emplace_back([&, c] {
+        auto res = server.client().Post("/v1/completions", slow.dump(), "application/json");
+        if (!res) return;
+        status[c] = res->status;
+        retry[c] = res->get_header_value("Retry-After");
+      });
+    for (auto& t : clients) t.join();
+    int ok = 0, busy = 0;
+    for (int c = 0; c < 6; ++c) {
+      if (status[c] == 200) ++ok;
+      if (status[c] == 503) {
+        ++busy;
+        CHECK(!retry[c].empty());
+      }
+    }
+    CHECK(ok >= 1);
+    CHECK(busy >= 1);
+    CHECK(ok + busy == 6);
+    auto health = server.client().Get("/health");
+    REQUIRE(health);
+    CHECK(health->status == 200);
+  }
+  SECTION("SIGTERM during a request lets it finish, then the server exits 0") {
+    ServerProcess server({"--mode", "decode"}, "sigterm");
+    const json slow = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0},
+                       {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
+    std::atomic<int> status{0};
+    std::string body;
+    std::thread client([&] {
+      auto res = server.client().Post("/v1/completions", slow.dump(), "application/json");
+      if (res) {
+        body = res->body;
+        status = res->status;
+      } else {
+        status = -1;
+      }
+    });
+    // Wait until the request is being computed.
+    bool running = false;
+    for (int i = 0; i < 400 && !running && status == 0; ++i) {
+      auto metrics = server.client().Get("/metrics");
+      running = metrics && metrics->body.find("kvevict_requests_running 1") != std::string::npos;
+      if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const int exit_code = server.terminate();
+    client.join();
+    CHECK(running);
+    CHECK(status == 200);
+    CHECK(parse_json(body, "answer")["choices"][0]["text"].get<std::string>().size() > 0);
+    CHECK(exit_code == 0);
+  }
+}
+
+}  // namespace
+}  // namespace kvevict
