@@ -155,9 +155,15 @@ TEST_CASE("the KIVI flush schedule at L = R-1, R, R+1, 2R+5", "[kivi]") {
             double lo = 1e9, hi = -1e9;
             for (int j = b0; j < b0 + G; ++j) lo = std::min(lo, fed.keys[j][0]), hi = std::max(hi, fed.keys[j][0]);
             CHECK(std::abs(k[0] - fed.keys[i][0]) <= (hi - lo) / ((1 << bits) - 1) / 2 + 1e-12);
-            CHECK(k[0] != fed.keys[i][0]);
           }
         }
+        // Quantization changed some key (the group's min and max come back exact).
+        int changed = 0;
+        for (int i = 0; i < L - L % R; ++i) {
+          s.read(i, k.data(), v.data());
+          for (int c = 0; c < d; ++c) changed += k[c] != fed.keys[i][c];
+        }
+        if (L >= R) CHECK(changed > 0);
         // The bulk read the cache uses gives what read() gives.
         std::vector<int> row_of(L);
         for (int i = 0; i < L; ++i) row_of[i] = L - 1 - i;  // any row order
@@ -256,7 +262,9 @@ TEST_CASE("--kv-memory picks the token budget that fits the bytes", "[kivi]") {
   CHECK(tokens_for_memory(plain, 0.25, 1000, 64) == 250);
   KvQuantSpec four = kivi(4, 32, 128);
   const int64_t kept = tokens_for_memory(four, 0.25, 4096, 64);
-  CHECK(kept > 4096 * 3 / 4);  // about all of them at 4 bits
+  // 73% at 4 bits: a token's codes are 80 bytes with its share of scales and mins (fp16,
+  // one pair per 32 elements), against 256 at fp16, so 4 bits alone need F of about 0.31.
+  CHECK(kept > 4096 * 7 / 10);
   CHECK(kv_bytes_bound(four, kept, 64) <= full_precision_bytes(4096, 64) / 4);
   CHECK(kv_bytes_bound(four, kept + 1, 64) > full_precision_bytes(4096, 64) / 4);
   PolicyOptions o;
