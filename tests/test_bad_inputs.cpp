@@ -344,7 +344,7 @@ std::vector<Case> cases() {
   cli_case("--kv-memory 1.5", gen + "--policy h2o --kv-memory 1.5", "--kv-memory");
   cli_case("--kv-memory keeping no token", gen + "--policy h2o --kv-quant kivi --kv-memory 0.01", "keeps no token");
   cli_case("--kv-memory with --budget", gen + "--policy h2o --budget 0.5 --kv-memory 0.5", "--kv-memory");
-  cli_case("sim-only policy with KIVI", "perplexity --policy h2o-paper --budget 0.5 --kv-quant kivi " + kText + " --max-tokens 20",
+  cli_case("sim-only policy with KIVI", "perplexity --policy h2o-paper --budget 0.5 --kv-quant kivi --kv-group 8 --kv-residual 16 " + kText + " --max-tokens 20",
            "is sim-only");
   cli_case("perplexity --max-tokens 0 (was all)", "perplexity " + kText + " --max-tokens 0", "--max-tokens");
   cli_case("perplexity --prefill -3", "perplexity " + kText + " --prefill -3", "--prefill");
