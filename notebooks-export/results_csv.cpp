@@ -324,6 +324,10 @@ const std::vector<ResultColumn>& result_column_table() {
       // Derived from budget x heavy_share: splitting by them would cut a budget sweep into points.
       {"heavy_ratio", &R::heavy_ratio, Role::derived},
       {"recent_ratio", &R::recent_ratio, Role::derived},
+      {"kv_bits", &R::kv_bits, Role::setting, Use::context, label, "16"},  // files from before the column
+      {"kv_group", &R::kv_group, Role::setting, Use::context},
+      {"kv_residual", &R::kv_residual, Role::setting, Use::context},
+      {"kv_memory", &R::kv_memory, Role::setting, Use::context, label},
       {"protocol", &R::protocol, Role::setting, Use::context, label},
       {"mode", &R::mode, Role::setting, Use::context},
       {"score", &R::score, Role::setting, Use::context},
@@ -344,6 +348,7 @@ const std::vector<ResultColumn>& result_column_table() {
       {"mean_abs_ll_change", &R::mean_abs_ll_change, Role::measurement},
       {"kv_tokens_kept", &R::kv_tokens_kept, Role::measurement},
       {"kv_bytes_peak", &R::kv_bytes_peak, Role::measurement},
+      {"kv_bytes_full", &R::kv_bytes_full, Role::measurement},
       {"seconds", &R::seconds, Role::measurement},
       {"version", &R::version, Role::provenance},
   };

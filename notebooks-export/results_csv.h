@@ -23,6 +23,10 @@ struct ResultRow {
   std::optional<double> heavy_share;  // fraction of the budget kept for heavy hitters
   std::optional<double> heavy_ratio;
   std::optional<double> recent_ratio;
+  int kv_bits = 16;                   // bits per cached key/value element: 16 unquantized, 2 or 4 KIVI
+  std::optional<int> kv_group;        // KIVI's group size G and residual R (quantized cells only)
+  std::optional<int> kv_residual;
+  std::optional<double> kv_memory;    // --kv-memory: the byte budget as a fraction of the fp16 cache
   std::string protocol;  // "stream" or "prefill-compress"
   std::string mode;      // "sim" or "decode"
   std::string score;
@@ -44,6 +48,7 @@ struct ResultRow {
   std::optional<double> mean_abs_ll_change;
   std::optional<double> kv_tokens_kept;
   std::optional<std::int64_t> kv_bytes_peak;
+  std::optional<std::int64_t> kv_bytes_full;  // the fp16 cache of the tokens held at that peak
   std::optional<double> seconds;
   std::string version;
 

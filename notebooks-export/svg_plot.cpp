@@ -157,8 +157,8 @@ std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows) {
     for (const auto& fields : group.rows) {
       if (!fields.at(x_column).empty())
         swept.push_back(&fields);
-      else if (fields.at("budget").empty() && fields.at("budget_tokens").empty())
-        baseline.push_back(&fields);  // no budget at all: the full cache
+      else if (fields.at("budget").empty() && fields.at("budget_tokens").empty() && fields.at("kv_memory").empty())
+        baseline.push_back(&fields);  // no budget at all: the full cache (a byte budget is bytes_plots')
     }
     auto swept_split = varying_columns(swept, kBudgetSplitColumns);
     auto baseline_split = varying_columns(baseline, kBudgetSplitColumns);
@@ -182,6 +182,28 @@ std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows) {
     bool has_line = std::any_of(plot.series.begin(), plot.series.end(),
                                 [](const PlotSeries& series) { return !series.reference; });
     if (has_line) plots.push_back(std::move(plot));
+  }
+  return plots;
+}
+
+std::vector<PlotSpec> bytes_plots(const std::vector<ResultRow>& rows) {
+  std::vector<PlotSpec> plots;
+  for (const auto& group : group_by_task_and_metric(rows)) {
+    // Only where bytes were a setting: a byte budget or a quantized cache.
+    bool any = false;
+    for (const auto& fields : group.rows) any |= !fields.at("kv_memory").empty() || fields.at("kv_bits") != "16";
+    if (!any) continue;
+    SeriesCollector collector;
+    for (const auto& fields : group.rows) {
+      if (fields.at("kv_bytes_peak").empty()) continue;
+      // One line per policy and bits: eviction alone, KIVI alone, and each mix.
+      const std::string label = fields.at("policy") + " " + fields.at("kv_bits") + "-bit";
+      collector.add({fields.at("policy"), fields.at("kv_bits")}, fields.at("policy"), label, false,
+                    number(fields.at("kv_bytes_peak")) / 1024.0, fields);
+    }
+    PlotSpec plot{group.task, group.metric, "bytes", "kv_bytes_peak", collector.finish(1)};
+    plot.x_title = "KV cache at its peak (KiB; codes, scales, mins and fp16 residual)";
+    if (!plot.series.empty()) plots.push_back(std::move(plot));
   }
   return plots;
 }
@@ -464,6 +486,7 @@ std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
 
   std::vector<PlotSpec> plots = budget_plots(rows);
   for (auto& plot : heavy_share_plots(rows)) plots.push_back(std::move(plot));
+  for (auto& plot : bytes_plots(rows)) plots.push_back(std::move(plot));
 
   std::vector<std::string> paths;
   std::set<std::string> used_names;

@@ -44,6 +44,10 @@ struct PlotSpec {
 // (model, protocol, shots, heavy share, ...) that varies within the figure.
 std::vector<PlotSpec> budget_plots(const std::vector<ResultRow>& rows);
 std::vector<PlotSpec> heavy_share_plots(const std::vector<ResultRow>& rows);
+// Accuracy against bytes (kv_bytes_peak on the x axis, in KiB): one plot per (task,
+// metric) whose rows had a byte budget (kv_memory) or a quantized cache, one line per
+// policy and kv_bits ("<task>_<metric>_bytes.svg").
+std::vector<PlotSpec> bytes_plots(const std::vector<ResultRow>& rows);
 
 // The settings that split a figure's lines when they vary inside it (in legend order);
 // the notebook draws with the same lists.

@@ -24,19 +24,36 @@ Budget Policy::layer_budget(int /*layer*/, const SequenceShape& shape) const {
     budget.unlimited = true;
     return budget;
   }
-  Budget budget = split_budget(options_.budget, shape.length, sink_tokens(), default_heavy_share(), name());
+  Budget budget = split_budget(budget_for(shape), shape.length, sink_tokens(), default_heavy_share(), name());
   budget.question_from = shape.prefill_len;
   budget.question_len = shape.question_len;
   return budget;
 }
 
+BudgetSpec Policy::budget_for(const SequenceShape& shape) const {
+  const KvQuantSpec& quant = options_.kv_quant;
+  if (quant.memory <= 0 || keeps_everything()) return options_.budget;
+  if (options_.budget.is_set())
+    throw Error(std::string(quant.keys->memory) + " sets the token budget: give it or a budget, not both");
+  if (shape.head_dim <= 0) throw Error("internal: a memory budget needs the model's head_dim");
+  const int64_t tokens = tokens_for_memory(quant, quant.memory, shape.length, shape.head_dim);
+  // The bound counts the current token beside the kept ones.
+  if (tokens < 2)
+    throw Error(std::string(quant.keys->memory) + " " + std::to_string(quant.memory) + " keeps no token of " +
+                std::to_string(shape.length) + " at " + std::to_string(quant.bits) + " bits");
+  BudgetSpec spec = options_.budget;
+  spec.tokens = static_cast<int>(tokens - 1);
+  spec.ratio = -1;
+  return spec;
+}
+
 void Policy::validate(const SequenceShape& shape) const {
   if (keeps_everything()) return;
-  check_budget_fits(options_.budget, shape.length, sink_tokens(), name());
+  check_budget_fits(budget_for(shape), shape.length, sink_tokens(), name());
 }
 
 void Policy::check_keeps_a_token(int64_t max_positions) const {
-  if (keeps_everything() || !options_.budget.is_ratio() || max_positions < 1) return;
+  if (keeps_everything() || !options_.budget.is_ratio() || options_.kv_quant.memory > 0 || max_positions < 1) return;
   SequenceShape shape;
   shape.length = static_cast<int>(std::min<int64_t>(max_positions, kMaxModelPositions));
   shape.prefill_len = shape.length;

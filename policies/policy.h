@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/common/kv_quant.h"
 #include "policies/budget.h"
 #include "policies/head_slots.h"
 #include "policies/params.h"
@@ -21,6 +22,7 @@ namespace kvevict {
 struct PolicyOptions {
   BudgetSpec budget;
   PolicyParams params;  // each policy's own parameters, declared in its file (params.h)
+  KvQuantSpec kv_quant;  // the cache's quantization, composed with any realisable policy
 };
 
 // GQA: how a KV head aggregates the attention of its query heads (scored and pattern policies).
@@ -36,6 +38,7 @@ struct SequenceShape {
   int n_layers = 1;
   int n_q_heads = 1;
   int n_kv_heads = 1;
+  int head_dim = 0;     // what a byte budget (--kv-memory) counts per token; 0: unknown
   int group() const { return n_q_heads / n_kv_heads; }
 };
 
@@ -80,7 +83,10 @@ class SimOnlyPolicy;
 // (a whole layer's masked attention from its logits); the two subclasses below.
 class Policy {
  public:
-  explicit Policy(PolicyOptions options) : options_(std::move(options)) { check_budget_spec(options_.budget); }
+  explicit Policy(PolicyOptions options) : options_(std::move(options)) {
+    check_budget_spec(options_.budget);
+    check_kv_quant_spec(options_.kv_quant);
+  }
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
   // The parameters this policy reads (params.h); the CLI and sweeps offer their union.
@@ -115,13 +121,17 @@ class Policy {
   const PolicyOptions& options() const { return options_; }
 
  protected:
+  // The budget as asked, or, with --kv-memory, the token budget whose cache at the chosen
+  // bits fits that fraction of the fp16 cache of shape.length tokens (kv_quant.h's bound,
+  // counted with the current token).
+  BudgetSpec budget_for(const SequenceShape& shape) const;
   // The total budget in tokens before any split.
   int total_budget(const SequenceShape& shape) const {
-    return total_budget_tokens(options_.budget, shape.length, name());
+    return total_budget_tokens(budget_for(shape), shape.length, name());
   }
   // The paper's split for the H2O simulations (policies/budget.h).
   Budget paper_split_budget(const SequenceShape& shape) const {
-    return kvevict::paper_split_budget(options_.budget, shape.length, default_heavy_share(), name());
+    return kvevict::paper_split_budget(budget_for(shape), shape.length, default_heavy_share(), name());
   }
   PolicyOptions options_;
 };

@@ -335,6 +335,18 @@ std::vector<Case> cases() {
   cli_case("--window 0", gen + "--policy snapkv --budget 0.5 --window 0", "--window");
   cli_case("--summary -1", gen + "--policy sparse-fixed --budget 0.5 --summary -1", "--summary");
   cli_case("unknown policy", gen + "--policy lru --budget 0.5", "lru");
+  // KIVI (harness/common/kv_quant.h); stories260K's head_dim is 8.
+  cli_case("--kv-bits 3", gen + "--kv-quant kivi --kv-bits 3", "--kv-bits");
+  cli_case("--kv-bits 8 (not implemented)", gen + "--kv-quant kivi --kv-bits 8", "--kv-bits");
+  cli_case("--kv-quant int8", gen + "--kv-quant int8", "--kv-quant");
+  cli_case("--kv-group 3 not dividing head_dim 8", gen + "--kv-quant kivi --kv-group 3 --kv-residual 6", "--kv-group 3 does not divide");
+  cli_case("--kv-residual not a multiple of --kv-group", gen + "--kv-quant kivi --kv-group 8 --kv-residual 12", "--kv-residual");
+  cli_case("--kv-memory 0", gen + "--policy h2o --kv-memory 0", "--kv-memory");
+  cli_case("--kv-memory 1.5", gen + "--policy h2o --kv-memory 1.5", "--kv-memory");
+  cli_case("--kv-memory keeping no token", gen + "--policy h2o --kv-quant kivi --kv-memory 0.01", "keeps no token");
+  cli_case("--kv-memory with --budget", gen + "--policy h2o --budget 0.5 --kv-memory 0.5", "--kv-memory");
+  cli_case("sim-only policy with KIVI", "perplexity --policy h2o-paper --budget 0.5 --kv-quant kivi --kv-group 8 --kv-residual 16 " + kText + " --max-tokens 20",
+           "is sim-only");
   cli_case("perplexity --max-tokens 0 (was all)", "perplexity " + kText + " --max-tokens 0", "--max-tokens");
   cli_case("perplexity --prefill -3", "perplexity " + kText + " --prefill -3", "--prefill");
   cli_case("perplexity --mode fast", "perplexity " + kText + " --mode fast", "fast");

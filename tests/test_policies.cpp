@@ -141,9 +141,9 @@ TEST_CASE("decode-mode memory follows the budget", "[policy]") {
   auto full = score_sequence(test::stories(), *make_policy("full", {}), Mode::Decode, tokens);
   for (int kept : h2o.kv.kept_per_layer) CHECK(kept == 40);
   for (int kept : full.kv.kept_per_layer) CHECK(kept == 200);
-  // 5 layers x (K+V) x 4 KV heads x head_dim 8 x 4 bytes x 41 tokens at most.
-  CHECK(h2o.kv.peak_bytes == 5 * 2 * 4 * 8 * 4 * 41);
-  CHECK(full.kv.peak_bytes == 5 * 2 * 4 * 8 * 4 * 200);
+  // 5 layers x (K+V) x 4 KV heads x head_dim 8 x 2 bytes (counted as fp16) x 41 tokens at most.
+  CHECK(h2o.kv.peak_bytes == 5 * 2 * 4 * 8 * 2 * 41);
+  CHECK(full.kv.peak_bytes == 5 * 2 * 4 * 8 * 2 * 200);
 }
 
 TEST_CASE("bad policy input gets a clear error", "[policy][errors]") {

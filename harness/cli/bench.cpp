@@ -110,6 +110,7 @@ int bench_policies(const BenchArgs& args, const ConfigObject& config) {
   const int decode_prefill = config.integer("decode_prefill", 16, 1, kMost);
   const int decode_rounds = config.integer("decode_rounds", 5, 1, kMost);
   const int decode_T = config.integer("decode_tokens", T, 1, kMost);
+  const auto kv_bits = config.integers("decode_kv_bits", {}, 2, 4);  // KIVI phases: bits each
   const int threads = set_thread_count(args.runtime.options.threads);
   if (decode_threads.empty()) decode_threads.push_back(threads);
 
@@ -254,6 +255,22 @@ int bench_policies(const BenchArgs& args, const ConfigObject& config) {
             << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention
             << " kv_held_MiB " << mib(evict_step.held_bytes) << " kv_held_of_full "
             << percent(evict_step.held_bytes / full_kv) << " load_average " << load_average() << std::endl;
+  // Decode with a KIVI-quantized cache (the full policy): the attention part, which now
+  // dequantizes what each step reads, and the bytes the packed cache holds vs fp16.
+  for (int bits : kv_bits) {
+    PolicyOptions o;
+    o.kv_quant.bits = bits;
+    auto quantized = make_policy(reference_policy_name(), o);
+    const StepTime step = decode_step_time(*model, *quantized, decode_tokens, decode_T, steps, repeat);
+    const double fp16_kv = static_cast<double>(full_precision_bytes(step.cached_tokens, arch.head_dim)) *
+                           arch.n_kv_heads * arch.n_layers;
+    std::cout << "decode_step kivi bits " << bits << " G " << o.kv_quant.group << " R " << o.kv_quant.residual
+              << " cache=" << decode_T << " ms " << step.total * 1e3 << " ratio_to_full " << step.total / full_step.total
+              << " attention_ms " << step.attention * 1e3 << " attention_ratio_to_full "
+              << step.attention / full_step.attention << " kv_held_MiB " << mib(step.held_bytes) << " fp16_kv_MiB "
+              << mib(fp16_kv) << " kv_held_of_fp16 " << percent(step.held_bytes / fp16_kv) << " load_average "
+              << load_average() << std::endl;
+  }
   std::cout << "peak_rss_MiB " << mib(peak_rss_bytes()) << " (since the memory phase)\n";
   return 0;
 }
@@ -302,7 +319,7 @@ const std::vector<std::string> kTokenizerBenchKeys = {"comment", "description", 
 const std::vector<std::string> kPolicyBenchKeys = {
     "comment",        "description",   "model",       "tokens",        "decode_steps",   "repeat",
     "budget",         "sim_policies",  "decode_policy", "dtypes",      "decode_threads", "memory_tokens",
-    "bandwidth_MiB",  "decode_prefill", "decode_rounds", "decode_tokens"};
+    "bandwidth_MiB",  "decode_prefill", "decode_rounds", "decode_tokens", "decode_kv_bits"};
 
 }  // namespace
 

@@ -78,6 +78,8 @@ int run_perplexity(const PerplexityArgs& args) {
     j["kv_tokens_kept_per_head"] = score.kv.kept_per_head;  // [layer][KV head]
     j["kv_tokens_max"] = score.kv.max_per_layer;
     j["kv_bytes_peak"] = score.kv.peak_bytes;
+    j["kv_bytes_full"] = score.kv.peak_bytes_full;
+    j["kv_bits"] = score.kv.kv_bits;
     j["kv_sliding_window"] = score.kv.sliding_window;  // 0: none
     j["kv_tokens_visible"] = score.kv.visible_per_layer;
     j["seconds"] = seconds;

@@ -147,6 +147,8 @@ int run_eval(EvalArgs& a, const Invocation& at) {
     if (result.mean_abs_ll_change) j["mean_abs_ll_change"] = *result.mean_abs_ll_change;
     j["kv_tokens_kept"] = result.kv_tokens_kept;
     j["kv_bytes_peak"] = result.kv_bytes_peak;
+    j["kv_bytes_full"] = result.kv_bytes_full;
+    j["kv_bits"] = config.policy_options.kv_quant.bits;
     j["seconds"] = result.seconds;
     std::cout << j.dump() << std::endl;
   } else if (a.format == "csv") {

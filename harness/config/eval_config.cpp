@@ -45,6 +45,13 @@ ResultRow identity_row(const std::string& model, const EvalConfig& c) {
       row.recent_ratio = b.ratio * (1 - share);
     }
   }
+  const KvQuantSpec& quant = c.policy_options.kv_quant;
+  row.kv_bits = quant.bits;
+  if (quant.enabled()) {
+    row.kv_group = quant.group;
+    row.kv_residual = quant.residual;
+  }
+  if (quant.memory > 0) row.kv_memory = quant.memory;
   row.protocol = protocol_name(c.protocol);
   row.mode = mode_name(c.mode);
   row.score = score_mode_name(c.score);

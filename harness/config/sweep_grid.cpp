@@ -77,7 +77,9 @@ const std::vector<std::string>& sweep_config_keys() {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares", "protocols",
       "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options", "predictions", "note",
       "temperature", "file_order", "slurm", "device", "dtype", "pipelines", "pipeline", "greedy",
-      "lengths", "depths", "questions", "analyze"};  // "analyze": run by `kvevict analyze --config`
+      "lengths", "depths", "questions",
+      "analyze",  // "analyze": run by `kvevict analyze --config`
+      "kv_quant", "kv_bits", "kv_group", "kv_residual", "kv_memories"};
   return keys;
 }
 
@@ -243,13 +245,46 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
 
   PolicyOptions base_options;
   if (config.contains("policy_options")) base_options.params = read_policy_options(config["policy_options"], path);
+  // The cache's quantization: "kv_quant" ("none" or "kivi"), "kv_bits" (an axis; 16 is
+  // unquantized), "kv_group", "kv_residual"; "kv_memories" (an axis of byte budgets, each
+  // a budget choice of its own).
+  KvQuantSpec quant_base;
+  quant_base.keys = &kSweepKvQuantKeys;
+  quant_base.group = checked_int(config.value("kv_group", nlohmann::json(quant_base.group)), path, "kv_group", 1, 1 << 20);
+  quant_base.residual =
+      checked_int(config.value("kv_residual", nlohmann::json(quant_base.residual)), path, "kv_residual", 1, 1 << 30);
+  const std::string quant_method = keys.text("kv_quant", "none");
+  auto kv_bits = int_axis(config, path, "kv_bits", {quant_method == "none" ? 16 : 2}, 2);
+  auto memories = axis<double>(config, path, "kv_memories", {});
+  std::vector<KvQuantSpec> quant_choices;
+  for (int bits : kv_bits) {
+    KvQuantSpec q = quant_base;
+    q.bits = bits;
+    try {
+      set_kv_quant_method(q, quant_method);  // checks the name
+      q.bits = bits;                          // 16: this cell is unquantized
+      if (quant_method == "none" && config.contains("kv_quant") && bits != 16)
+        throw Error(std::string("kv_bits ") + std::to_string(bits) + " needs \"kv_quant\": \"kivi\"");
+      check_kv_quant_spec(q);
+      for (double m : memories) {
+        KvQuantSpec with_memory = q;
+        with_memory.memory = m;
+        check_kv_quant_spec(with_memory);
+      }
+    } catch (const Error& e) {
+      throw Error(path + ": " + e.what());
+    }
+    quant_choices.push_back(q);
+  }
   struct BudgetChoice {
     double ratio = -1;
     int tokens = -1;
+    double memory = -1;
   };
   std::vector<BudgetChoice> budget_choices;
   for (double b : budgets) budget_choices.push_back({b, -1});
   for (int t : budget_tokens) budget_choices.push_back({-1, t});
+  for (double m : memories) budget_choices.push_back({-1, -1, m});
 
   for (const auto& model : models)
     for (const auto& task : tasks)
@@ -257,14 +292,15 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
       for (const auto& protocol : protocols)
         for (int shot : shots)
           for (int seed : seeds)
-            for (const auto& policy : policies) {
+            for (const auto& policy : policies)
+             for (const KvQuantSpec& quant : quant_choices) {
               const auto made = make_policy(policy, base_options);  // unknown policy fails here
               std::vector<std::pair<BudgetChoice, double>> variants;
               if (made->keeps_everything()) {
                 variants.push_back({{}, -1});
               } else {
                 if (budget_choices.empty())
-                  throw Error(path + ": policy " + policy + " needs \"budgets\" or \"budget_tokens\"");
+                  throw Error(path + ": policy " + policy + " needs \"budgets\", \"budget_tokens\" or \"kv_memories\"");
                 for (const auto& b : budget_choices) {
                   if (made->splits_budget())
                     for (double s : shares) variants.push_back({b, s});
@@ -276,6 +312,11 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
               if (!made->realisable() &&
                   make_task(task)->kind() == TaskKind::Generation) {
                 plan.skipped.push_back(policy + " x " + task + ": a sim-only policy cannot generate");
+                continue;
+              }
+              if (!made->realisable() && quant.enabled()) {
+                plan.skipped.push_back(policy + " x kv_bits " + std::to_string(quant.bits) +
+                                       ": a sim-only policy has no cache to quantize");
                 continue;
               }
               for (const LongContextChoice& lc : long_context_choices(task))
@@ -305,6 +346,8 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.policy_options.budget.ratio = b.ratio;
                 e.policy_options.budget.tokens = b.tokens;
                 e.policy_options.budget.heavy_share = share;
+                e.policy_options.kv_quant = quant;
+                e.policy_options.kv_quant.memory = b.memory;
                 e.mode = parse_mode(config.value("mode", std::string("sim")));
                 e.protocol = parse_protocol(protocol);
                 // The H2O adaptor's log-likelihood is a mean unless the config says otherwise.

@@ -21,11 +21,13 @@ struct Usage {
   double kept_sum = 0;
   int requests = 0;
   int64_t peak = 0;
+  int64_t peak_full = 0;  // the fp16 bytes of the request with the largest peak
   void add(const KvStats& kv) {
     double mean = 0;
     for (int k : kv.kept_per_layer) mean += k;
     kept_sum += kv.kept_per_layer.empty() ? 0 : mean / kv.kept_per_layer.size();
     ++requests;
+    if (kv.peak_bytes > peak) peak_full = kv.peak_bytes_full;
     peak = std::max(peak, kv.peak_bytes);
   }
 };
@@ -235,6 +237,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   }
   result.kv_tokens_kept = usage.requests ? usage.kept_sum / usage.requests : 0;
   result.kv_bytes_peak = usage.peak;
+  result.kv_bytes_full = usage.peak_full;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }

@@ -39,6 +39,7 @@ struct EvalResult {
   std::optional<double> mean_abs_ll_change;
   double kv_tokens_kept = 0;  // mean over requests of the mean over layers, at the end
   int64_t kv_bytes_peak = 0;  // largest over requests
+  int64_t kv_bytes_full = 0;  // that request's fp16 cache of the same tokens
   double seconds = 0;
   int n = 0;
   std::string haystack;  // long-context tasks: what fills the context

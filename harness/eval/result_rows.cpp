@@ -17,6 +17,7 @@ std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& con
     if (result.mean_abs_ll_change) row.mean_abs_ll_change = *result.mean_abs_ll_change;
     row.kv_tokens_kept = result.kv_tokens_kept;
     row.kv_bytes_peak = result.kv_bytes_peak;
+    row.kv_bytes_full = result.kv_bytes_full;
     row.seconds = result.seconds;
     row.haystack = result.haystack;
     rows.push_back(row);

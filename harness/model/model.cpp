@@ -106,8 +106,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   }
   if (arch.tied_head) model->global_[static_cast<int>(Role::LmHead)] = model->global_[static_cast<int>(Role::Embed)];
 
-  // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass).
-  if (arch.positions == PositionKind::Rotary) model->inv_freq_ = rope_inv_freq(arch, arch.max_positions);
+  // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass); float64
+  // runs in float64, as the float64 references compute it.
+  if (arch.positions == PositionKind::Rotary)
+    model->inv_freq_ = rope_inv_freq(arch, arch.max_positions, model->dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
   model->tokenizer_ = load_tokenizer_for_model(dir);
   check_tokenizer_fits(model->tokenizer_.get(), arch, dir);
   model->load_seconds_ = seconds_since(started);
@@ -219,8 +221,9 @@ torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
                   std::to_string(arch_.max_positions) + " learned positions");
     x = x + G(Role::PositionEmbed).index_select(0, (positions + arch_.position_offset).to(device_));
   } else {
-    const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t) : inv_freq_;
-    auto freqs = torch::outer(positions.to(torch::kFloat32), inv_freq);
+    const auto table = inv_freq_.defined() ? inv_freq_.scalar_type() : torch::kFloat32;
+    const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t, table) : inv_freq_;
+    auto freqs = torch::outer(positions.to(table), inv_freq);
     auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
     cos = elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.cos(); }).unsqueeze(1).to(device_, dtype_);
     sin = elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.sin(); }).unsqueeze(1).to(device_, dtype_);

@@ -8,7 +8,7 @@
 namespace kvevict {
 bool rope_depends_on_length(const ArchSpec& arch) { return arch.rope_scaling.type == "dynamic"; }
 
-torch::Tensor rope_inv_freq(const ArchSpec& arch, int64_t seq_len) {
+torch::Tensor rope_inv_freq(const ArchSpec& arch, int64_t seq_len, torch::ScalarType table) {
   const RopeScaling& r = arch.rope_scaling;
   const int64_t dim = arch.rotary_dim;
   double base = arch.rope_theta;
@@ -17,8 +17,8 @@ torch::Tensor rope_inv_freq(const ArchSpec& arch, int64_t seq_len) {
     const double ratio = r.factor * static_cast<double>(seq_len) / arch.max_positions - (r.factor - 1);
     base *= std::pow(ratio, static_cast<double>(dim) / (dim - 2));
   }
-  auto idx = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat32);
-  auto inv_freq = 1.0 / torch::pow(torch::tensor(base, torch::kFloat32), idx / static_cast<float>(dim));
+  auto idx = torch::arange(0, dim, 2, torch::kLong).to(table);
+  auto inv_freq = 1.0 / torch::pow(torch::tensor(base, table), idx / static_cast<double>(dim));
   if (r.type == "linear") return inv_freq / r.factor;
   if (r.type == "llama3") {
     // Long wavelengths are slowed by `factor`, short ones kept, and the band in between

@@ -17,9 +17,10 @@ namespace kvevict {
 RopeScaling read_rope_scaling(const nlohmann::json& config, const std::string& path,
                               const std::vector<std::string>& allowed);
 
-// float32 inverse frequencies [rotary_dim / 2] for a forward pass whose last position is
-// seq_len - 1 (only dynamic NTK depends on it), computed as Hugging Face does in float32.
-torch::Tensor rope_inv_freq(const ArchSpec& arch, int64_t seq_len);
+// Inverse frequencies [rotary_dim / 2] for a forward pass whose last position is
+// seq_len - 1 (only dynamic NTK depends on it), computed as Hugging Face does in float32;
+// float64 reference runs compute them in float64, as the float64 references do.
+torch::Tensor rope_inv_freq(const ArchSpec& arch, int64_t seq_len, torch::ScalarType table = torch::kFloat32);
 
 // True when the frequencies depend on the sequence length (dynamic NTK).
 bool rope_depends_on_length(const ArchSpec& arch);

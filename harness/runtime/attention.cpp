@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "harness/common/errors.h"
+#include "harness/common/kv_quant.h"
 #include "harness/model/threads.h"
 #include "harness/runtime/causal_softmax.h"
 #include "harness/runtime/double_exp.h"
@@ -169,7 +170,8 @@ torch::Tensor drive_block(PolicyDriver& driver, const torch::Tensor& logits, int
   return block.to(logits.device());
 }
 
-int64_t element_bytes(const torch::Tensor& t) { return static_cast<int64_t>(c10::elementSize(t.scalar_type())); }
+// Full-precision elements count as fp16 whatever the compute dtype (harness/common/kv_quant.h).
+int64_t element_bytes(const torch::Tensor&) { return kFullPrecisionBytes; }
 
 // The driver's counts of one layer; returns the layer's peak K+V bytes.
 int64_t record_driver_stats(KvStats& stats, int layer, const PolicyDriver& driver, int64_t row_bytes) {
@@ -180,6 +182,149 @@ int64_t record_driver_stats(KvStats& stats, int layer, const PolicyDriver& drive
   stats.visible_per_layer[layer] = driver.last_visible();
   return driver.peak_total_slots() * row_bytes;
 }
+
+// An unquantized cache's bytes are its fp16 bytes.
+void add_full_precision_peak(KvStats& stats, int64_t bytes) {
+  stats.peak_bytes += bytes;
+  stats.peak_bytes_full += bytes;
+}
+
+// One layer's KIVI cache over Scalar (the accumulation type): see QuantizedLayerCache.
+template <typename Scalar>
+class KiviLayerCache final : public QuantizedLayerCache {
+ public:
+  KiviLayerCache(const Policy& policy, int layer, const SequenceShape& shape, int64_t window, torch::ScalarType acc,
+                 int64_t head_dim)
+      : shape_(shape), window_(window), acc_(acc), d_(head_dim), bits_(policy.options().kv_quant.bits) {
+    for (int h = 0; h < shape.n_kv_heads; ++h) stores_.emplace_back(policy.options().kv_quant, static_cast<int>(head_dim));
+    if (policy.keeps_everything()) return;
+    if (!policy.realisable())
+      throw Error("policy " + policy.name() + " is sim-only: it cannot run with --kv-quant kivi, which quantizes a cache " +
+                  "a realisable policy evicts from");
+    driver_ = std::make_unique<PolicyDriver>(*policy.as_realisable(), layer, shape, window, SlotColumns::CacheRows);
+    driver_->set_attended_hook([this](int kv, int64_t position) {
+      stores_[kv].after_attention(static_cast<int>(position), shape_.prefill_len);
+    });
+  }
+
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       int64_t start) override {
+    const int64_t t = q.size(0), n_kv = k.size(1), d = d_;
+    if (t > 1 && start + t > std::max<int64_t>(shape_.prefill_len, 1))
+      throw Error("a block of several tokens can only be the prefill: a quantized cache flushes between tokens");
+    const auto keys_new = k.to(torch::kCPU, acc_).contiguous(), values_new = v.to(torch::kCPU, acc_).contiguous();
+    const Scalar* key_rows = keys_new.data_ptr<Scalar>();    // [t][Hkv][d]
+    const Scalar* value_rows = values_new.data_ptr<Scalar>();
+    // Which position each cache row of a head holds (-1: none): the driver's slots, or
+    // every position in order without a policy; the new tokens take the next rows.
+    std::vector<std::vector<int>> row_position(n_kv);
+    int64_t n_prev = 0;
+    for (int h = 0; h < n_kv; ++h) {
+      std::vector<int>& rows = row_position[h];
+      if (driver_) {
+        const std::vector<int>& columns = driver_->columns(h);
+        const std::vector<int>& positions = driver_->state(h).positions();
+        rows.assign(columns.size(), -1);
+        for (size_t s = 0; s < columns.size(); ++s) rows[columns[s]] = positions[s];
+      } else {
+        rows.resize(stores_[h].tokens());
+        for (size_t r = 0; r < rows.size(); ++r) rows[r] = static_cast<int>(r);
+      }
+      n_prev = std::max<int64_t>(n_prev, static_cast<int64_t>(rows.size()));
+      for (int64_t i = 0; i < t; ++i) {
+        stores_[h].append(static_cast<int>(start + i), key_rows + (i * n_kv + h) * d, value_rows + (i * n_kv + h) * d);
+        rows.push_back(static_cast<int>(start + i));
+      }
+    }
+    const int64_t n = n_prev + t;
+    if (t == 1 && start >= shape_.prefill_len) note_bytes();  // a decode step, as it attends
+    // What the queries attend to, dequantized: [Hkv, n, d], rows a head does not use zero.
+    auto keys = torch::zeros({n_kv, n, d}, torch::TensorOptions().dtype(acc_));
+    auto values = torch::zeros({n_kv, n, d}, torch::TensorOptions().dtype(acc_));
+    Scalar* key_out = keys.data_ptr<Scalar>();
+    Scalar* value_out = values.data_ptr<Scalar>();
+    at::parallel_for(0, n_kv, n * d * n_kv >= (int64_t{1} << 16) ? 1 : n_kv, [&](int64_t begin, int64_t end) {
+      std::vector<int> row_of(start + t, -1);  // [position] -> row
+      for (int64_t h = begin; h < end; ++h) {
+        const std::vector<int>& rows = row_position[h];
+        for (size_t r = 0; r < rows.size(); ++r)
+          if (rows[r] >= 0) row_of[rows[r]] = static_cast<int>(r);
+        stores_[h].dequantize_all(row_of, key_out + h * n * d, value_out + h * n * d);
+      }
+    });
+    const auto keys_at = keys.to(q.device()), values_at = values.to(q.device());
+    torch::Tensor out;
+    if (driver_) {
+      const auto norms = key_norms(k);  // [t, Hkv]
+      out = causal_attention_blocks(q, keys_at, values_at, n_prev,
+                                    [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
+                                      return drive_block(*driver_, logits, start + r0, rows, cols,
+                                                         norms.data_ptr<float>() + r0 * n_kv);
+                                    });
+      driver_->take_moves();  // the rows are rebuilt from the stores at every call
+      for (int h = 0; h < n_kv; ++h) stores_[h].retain(driver_->state(h).positions());
+    } else {
+      const int64_t window = window_;
+      out = causal_attention_blocks(q, keys_at, values_at, n_prev,
+                                    [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
+                                      return causal_softmax(logits, CausalRows{n_prev + r0, rows, window});
+                                    });
+      for (int64_t i = 0; i < t; ++i)
+        for (int h = 0; h < n_kv; ++h) stores_[h].after_attention(static_cast<int>(start + i), shape_.prefill_len);
+    }
+    if (t > 1) note_bytes();  // after the prefill: the cache the first decode step starts from
+    return out;
+  }
+
+  int64_t held_bytes() const override {
+    int64_t bytes = 0;
+    for (const KvHeadStore<Scalar>& store : stores_) bytes += store.held_bytes();
+    return bytes;
+  }
+
+  int64_t tokens() const override {
+    if (driver_) return driver_->max_slots();
+    return stores_.empty() ? 0 : stores_[0].tokens();
+  }
+
+  void record(KvStats& stats, int layer) override {
+    stats.kv_bits = bits_;
+    if (driver_) {
+      record_driver_stats(stats, layer, *driver_, 0);
+    } else {
+      const int kept = stores_.empty() ? 0 : stores_[0].tokens();
+      stats.kept_per_layer[layer] = kept;
+      stats.max_per_layer[layer] = std::max(stats.max_per_layer[layer], kept);
+      stats.kept_per_head[layer].assign(stores_.size(), kept);
+      stats.visible_per_layer[layer] = static_cast<int>(window_ > 0 ? std::min<int64_t>(kept, window_) : kept);
+    }
+    stats.peak_bytes += peak_bytes_ - recorded_bytes_;
+    stats.peak_bytes_full += peak_bytes_full_ - recorded_bytes_full_;
+    recorded_bytes_ = peak_bytes_;
+    recorded_bytes_full_ = peak_bytes_full_;
+  }
+
+ private:
+  // The layer's bytes now, kept when they are its largest so far.
+  void note_bytes() {
+    KvByteCount count;
+    for (const KvHeadStore<Scalar>& store : stores_) count += store.count();
+    if (count.bytes() > peak_bytes_) {
+      peak_bytes_ = count.bytes();
+      peak_bytes_full_ = full_precision_bytes(count.tokens, d_);
+    }
+  }
+
+  SequenceShape shape_;
+  int64_t window_;
+  torch::ScalarType acc_;
+  int64_t d_;
+  int bits_;
+  std::vector<KvHeadStore<Scalar>> stores_;
+  std::unique_ptr<PolicyDriver> driver_;
+  int64_t peak_bytes_ = 0, peak_bytes_full_ = 0;          // the largest count so far and its fp16 cache
+  int64_t recorded_bytes_ = 0, recorded_bytes_full_ = 0;  // what record() has added to the stats
+};
 
 KvStats empty_stats(const Model& model, int n_layers) {
   KvStats stats;
@@ -192,6 +337,15 @@ KvStats empty_stats(const Model& model, int n_layers) {
 }
 
 }  // namespace
+
+std::unique_ptr<QuantizedLayerCache> make_quantized_layer_cache(const Policy& policy, int layer,
+                                                                const SequenceShape& shape, int64_t sliding_window,
+                                                                torch::ScalarType compute, int64_t head_dim) {
+  const torch::ScalarType acc = accumulation_type(compute);
+  if (acc == torch::kFloat64)
+    return std::make_unique<KiviLayerCache<double>>(policy, layer, shape, sliding_window, acc, head_dim);
+  return std::make_unique<KiviLayerCache<float>>(policy, layer, shape, sliding_window, acc, head_dim);
+}
 
 torch::Tensor FullAttention::attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, int64_t) {
@@ -217,17 +371,38 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
                                    const torch::Tensor& v, int64_t start) {
   if (start != 0) throw Error("sim mode runs one teacher-forced pass; it cannot continue a sequence");
   const int64_t T = q.size(0), n_kv = k.size(1), d = q.size(2);
+  if (policy_.options().kv_quant.enabled()) return simulate_quantized(layer, q, k, v);
   if (policy_.keeps_everything()) {
     stats_.kept_per_layer[layer] = stats_.max_per_layer[layer] = static_cast<int>(T);
     stats_.kept_per_head[layer].assign(n_kv, static_cast<int>(T));
     stats_.visible_per_layer[layer] = static_cast<int>(sliding_window_ > 0 ? std::min(T, sliding_window_) : T);
-    stats_.peak_bytes += T * 2 * n_kv * d * element_bytes(k);
+    add_full_precision_peak(stats_, T * 2 * n_kv * d * element_bytes(k));
     FullAttention full;
     full.set_sliding_window(sliding_window_);
     return full.attend(layer, q, k, v, start);
   }
   if (policy_.realisable()) return simulate_realisable(layer, q, k, v);
   return simulate_sim_only(layer, q, k, v);
+}
+
+// The layer's teacher-forced q, k, v through a quantized cache in the blocks decode mode
+// uses (the prefill, then one token at a time): each query sees each key in the form the
+// cache holds it at that step, so sim and decode compute the same numbers.
+torch::Tensor SimAttention::simulate_quantized(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& v) {
+  auto cache = make_quantized_layer_cache(policy_, layer, shape_, sliding_window_, q.scalar_type(), q.size(2));
+  const int64_t T = q.size(0);
+  const int64_t block = std::min<int64_t>(shape_.prefill_len, T);
+  std::vector<torch::Tensor> rows;
+  int64_t done = 0;
+  if (block > 1) {
+    rows.push_back(cache->attend(q.narrow(0, 0, block), k.narrow(0, 0, block), v.narrow(0, 0, block), 0));
+    done = block;
+  }
+  for (; done < T; ++done)
+    rows.push_back(cache->attend(q.narrow(0, done, 1), k.narrow(0, done, 1), v.narrow(0, done, 1), done));
+  cache->record(stats_, layer);
+  return torch::cat(rows, 0);
 }
 
 torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
@@ -240,7 +415,7 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
                                        return drive_block(driver, logits, r0, rows, n,
                                                           norms.data_ptr<float>() + r0 * n_kv);
                                      });
-  stats_.peak_bytes += record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k));
+  add_full_precision_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
   return out;
 }
 
@@ -275,7 +450,7 @@ torch::Tensor SimAttention::simulate_sim_only(int layer, const torch::Tensor& q,
   stats_.kept_per_head[layer].assign(n_kv, stats_.kept_per_layer[layer]);
   stats_.visible_per_layer[layer] = static_cast<int>(
       sliding_window_ > 0 ? std::min<int64_t>(stats_.kept_per_layer[layer], sliding_window_) : stats_.kept_per_layer[layer]);
-  stats_.peak_bytes += stats_.max_per_layer[layer] * 2 * n_kv * d * element_bytes(k);
+  add_full_precision_peak(stats_, stats_.max_per_layer[layer] * 2 * n_kv * d * element_bytes(k));
   const auto acc = accumulation_type(q.scalar_type());
   auto p = probs32.to(q.device(), acc).view({n_kv, g * T, T});
   return weighted_values(p, v.permute({1, 0, 2}), T, hq, q.scalar_type());
@@ -291,14 +466,17 @@ CacheAttention::CacheAttention(const Model& model, const Policy& policy, Sequenc
 
 int64_t CacheAttention::cached_tokens(int layer) const {
   const LayerCache& cache = layers_[layer];
+  if (cache.quantized) return cache.quantized->tokens();
   return cache.driver ? cache.driver->max_slots() : cache.size;
 }
 
 int64_t CacheAttention::held_bytes() const {
   int64_t bytes = 0;
-  for (const LayerCache& cache : layers_)
+  for (const LayerCache& cache : layers_) {
+    if (cache.quantized) bytes += cache.quantized->held_bytes();
     for (const torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer})
       if (buffer->defined()) bytes += static_cast<int64_t>(buffer->nbytes());
+  }
   return bytes;
 }
 
@@ -306,6 +484,14 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
                                      const torch::Tensor& v, int64_t start) {
   const auto started = std::chrono::steady_clock::now();
   LayerCache& cache = layers_[layer];
+  if (policy_.options().kv_quant.enabled()) {
+    if (!cache.quantized)
+      cache.quantized = make_quantized_layer_cache(policy_, layer, shape_, sliding_window_, q.scalar_type(), q.size(2));
+    torch::Tensor out = cache.quantized->attend(q, k, v, start);
+    cache.quantized->record(stats_, layer);
+    attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return out;
+  }
   if (!policy_.keeps_everything() && !cache.driver)
     cache.driver = std::make_unique<PolicyDriver>(*policy_.as_realisable(), layer, shape_, sliding_window_,
                                                   SlotColumns::CacheRows);
@@ -327,7 +513,7 @@ torch::Tensor CacheAttention::attend_full(LayerCache& cache, int layer, const to
                                        return causal_softmax(logits, CausalRows{n_prev + r0, rows, window});
                                      });
   if (n > stats_.max_per_layer[layer]) {
-    stats_.peak_bytes += (n - stats_.max_per_layer[layer]) * 2 * n_kv * d * element_bytes(k);
+    add_full_precision_peak(stats_, (n - stats_.max_per_layer[layer]) * 2 * n_kv * d * element_bytes(k));
     stats_.max_per_layer[layer] = static_cast<int>(n);
   }
   stats_.kept_per_layer[layer] = static_cast<int>(n);
@@ -402,7 +588,7 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
   }
   // Peak bytes: the sum over layers of each layer's largest cache.
   const int64_t peak = record_driver_stats(stats_, layer, driver, 2 * d * element_bytes(k));
-  stats_.peak_bytes += peak - cache.peak_bytes;
+  add_full_precision_peak(stats_, peak - cache.peak_bytes);
   cache.peak_bytes = peak;
   return out;
 }

@@ -24,7 +24,12 @@ struct KvStats {
   std::vector<int> kept_per_layer;     // tokens per KV head at the end (most over the heads)
   std::vector<int> max_per_layer;      // most tokens per KV head at any moment
   std::vector<std::vector<int>> kept_per_head;  // [layer][KV head]: tokens at the end
-  int64_t peak_bytes = 0;              // sum over layers of each layer's peak K+V bytes
+  // Bytes as harness/common/kv_quant.h counts them (full-precision elements, scales and
+  // mins as fp16, codes at their bits), as the cache stands while a query attends: the sum
+  // over layers of each layer's peak.
+  int64_t peak_bytes = 0;
+  int64_t peak_bytes_full = 0;         // the fp16 cache of the tokens held at those peaks
+  int kv_bits = 16;                    // bits per quantized element (16: none)
   // The model's sliding window (0: none). With one, the last query of a layer sees only
   // visible_per_layer of the kept tokens (at most the window), so a budget above the
   // window buys nothing.
@@ -65,12 +70,37 @@ class SimAttention : public AttentionBackend {
   // Attention output [T, Hq*d] under a realisable policy.
   torch::Tensor simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v);
+  torch::Tensor simulate_quantized(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v);
   torch::Tensor simulate_sim_only(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v);
   const Policy& policy_;
   SequenceShape shape_;
   KvStats stats_;
 };
+
+// One layer's KIVI-quantized cache (harness/common/kv_quant.h: one KvHeadStore per KV
+// head) with the policy's driver, if any. Each call appends the new tokens to the stores,
+// dequantizes what the queries attend to into [Hkv, rows, d] (rows as the driver
+// addresses them), runs the attention (and the policy), lets the stores flush after each
+// query attended, and removes what the policy evicted. Decode mode keeps one per layer;
+// sim mode runs a layer's teacher-forced q, k, v through a fresh one in the same blocks
+// (the prefill, then token by token), so both modes compute the same numbers.
+class QuantizedLayerCache {
+ public:
+  virtual ~QuantizedLayerCache() = default;
+  // q [t, Hq, d], k and v [t, Hkv, d] of positions start .. start+t-1; t > 1 only for the
+  // prefill. Returns [t, Hq*d] in q's dtype.
+  virtual torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               int64_t start) = 0;
+  virtual int64_t held_bytes() const = 0;
+  virtual int64_t tokens() const = 0;  // tokens held (most over the KV heads)
+  // Writes this layer's counts into stats (layer's entries, and its share of the bytes).
+  virtual void record(KvStats& stats, int layer) = 0;
+};
+std::unique_ptr<QuantizedLayerCache> make_quantized_layer_cache(const Policy& policy, int layer,
+                                                                const SequenceShape& shape, int64_t sliding_window,
+                                                                torch::ScalarType compute, int64_t head_dim);
 
 class CacheAttention : public AttentionBackend {
  public:
@@ -97,6 +127,7 @@ class CacheAttention : public AttentionBackend {
     int64_t size = 0;                     // without a policy: rows in use
     std::unique_ptr<PolicyDriver> driver;  // null without a policy
     int64_t peak_bytes = 0;               // with a policy: the largest K+V bytes so far
+    std::unique_ptr<QuantizedLayerCache> quantized;  // with --kv-quant: the whole layer's cache
   };
   torch::Tensor attend_full(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
                             const torch::Tensor& v);

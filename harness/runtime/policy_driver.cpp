@@ -161,6 +161,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
           for (int j = 0; j < group_; ++j) head.visible = attend(head, static_cast<int>(kv), j, r, rows, n, logits);
           record_visible(head, static_cast<int>(kv), r, rows, n, visible_out);
           head.state->observe(head.observed.data());
+          if (attended_) attended_(static_cast<int>(kv), position);
           compress(head, static_cast<int>(kv), position);
         }
       }
@@ -187,6 +188,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
       for (int kv = 0; kv < n_kv; ++kv) {
         record_visible(heads_[kv], kv, r, rows, n, visible_out);
         heads_[kv].state->observe(heads_[kv].observed.data());
+        if (attended_) attended_(kv, position);
       }
       for (int kv = 0; kv < n_kv; ++kv) compress(heads_[kv], kv, position);
     }

@@ -13,6 +13,7 @@
 // arithmetic is the same on any number of threads.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,7 +55,15 @@ class PolicyDriver {
   // carry out before the next query (then they are forgotten).
   std::vector<RowMove> take_moves();
 
+  // Called for each query and KV head after the query attended and the policy observed
+  // it, before the policy compresses: where a quantized cache runs its flush schedule
+  // (harness/common/kv_quant.h). It may run on the head's own thread.
+  using AttendedHook = std::function<void(int kv_head, int64_t position)>;
+  void set_attended_hook(AttendedHook hook) { attended_ = std::move(hook); }
+
   int n_kv_heads() const { return static_cast<int>(heads_.size()); }
+  // CacheRows: the cache row of each slot of a head, in slot order (Positions: the position).
+  const std::vector<int>& columns(int kv_head) const { return heads_[kv_head].columns; }
   const LayerState& state(int kv_head) const { return *heads_[kv_head].state; }
   // Slots a head holds now (CacheRows: its rows in use).
   int slots(int kv_head) const { return heads_[kv_head].state->size(); }
@@ -101,6 +110,7 @@ class PolicyDriver {
   SlotColumns columns_;
   bool lockstep_ = false;
   std::vector<Head> heads_;
+  AttendedHook attended_;
   int64_t peak_total_slots_ = 0;
   int peak_head_slots_ = 0;
   int last_visible_ = 0;

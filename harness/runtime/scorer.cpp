@@ -16,6 +16,7 @@ SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   shape.n_layers = static_cast<int>(model.arch().n_layers);
   shape.n_q_heads = static_cast<int>(model.arch().n_heads);
   shape.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
+  shape.head_dim = static_cast<int>(model.arch().head_dim);
   return shape;
 }
 
@@ -37,6 +38,7 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
   const int T = static_cast<int>(tokens.size());
   SequenceShape shape = shape_for(model, budget_length > 0 ? budget_length : T, prefill_len);
   policy.validate(shape);
+  check_kv_quant_head_dim(policy.options().kv_quant, model.arch().head_dim);
   if (!policy.realisable() && prefill_len > 0)
     throw Error("policy " + policy.name() + " is a whole-sequence simulation: it supports only the stream protocol");
 
@@ -52,7 +54,9 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
     int done = 0;
     // A block is only valid while nothing is evicted: the prefill, or everything
     // when the policy keeps the full cache.
-    int block = policy.keeps_everything() ? T : std::min(prefill_len, T);
+    // A quantized cache flushes between tokens, so it takes blocks only for the prefill too.
+    const bool whole = policy.keeps_everything() && !policy.options().kv_quant.enabled();
+    int block = whole ? T : std::min(prefill_len, T);
     if (block > 1) {
       rows.push_back(model.forward(std::vector<int>(tokens.begin(), tokens.begin() + block), 0, attention));
       done = block;
@@ -87,7 +91,7 @@ Generation generate(const Model& model, const Policy& policy, const std::vector<
                     const GenerateOptions& options) {
   if (prompt.empty()) throw Error("generation needs at least one prompt token (BOS)");
   const int P = static_cast<int>(prompt.size());
-  const bool evicting = !policy.keeps_everything();
+  const bool evicting = !policy.keeps_everything() || policy.options().kv_quant.enabled();  // between tokens
   const int Q = options.question_tokens;
   if (Q < 0 || Q >= P || (Q > 0 && options.stream))
     throw Error("a question of " + std::to_string(Q) + " tokens cannot follow the compressed part of a " +
@@ -95,6 +99,7 @@ Generation generate(const Model& model, const Policy& policy, const std::vector<
   SequenceShape shape = shape_for(model, P - Q, options.stream ? 0 : P - Q);
   shape.question_len = Q;
   policy.validate(shape);
+  check_kv_quant_head_dim(policy.options().kv_quant, model.arch().head_dim);
   CacheAttention attention(model, policy, shape);
 
   torch::Tensor last;
