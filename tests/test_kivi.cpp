@@ -256,7 +256,7 @@ TEST_CASE("KIVI sweep keys make cells with their own identity", "[kivi][sweep]")
   CHECK(error_of([&] { expand_sweep(config, "equal.json", test::data("")); }).find("kv_residual") != std::string::npos);
 }
 
-TEST_CASE("--kv-memory picks the token budget that fits the bytes", "[kivi]") {
+TEST_CASE("a --kv-memory bound picks the token budget that fits the bytes", "[kivi]") {
   KvQuantSpec plain;
   // 16 bits: the fp16 cache, so a quarter of the bytes is a quarter of the tokens.
   CHECK(tokens_for_memory(plain, 0.25, 1000, 64) == 250);

@@ -166,7 +166,7 @@ TEST_CASE("output paths: a sweep folder's own files and folders are refused, oth
                                      "shards/0/p.jsonl", "predictions/p.jsonl", "./results.csv", "slurm/../results.csv"})
     CHECK_THAT(refusal([&] { check_output_file(dir + "/R/" + protected_name, "--out"); }), Catch::Contains("--out"));
   CHECK_THAT(refusal([&] { check_output_folder(dir + "/R/slurm", "--svg"); }), Catch::Contains("slurm/"));
-  CHECK_THAT(refusal([&] { check_output_folder(dir + "/R/results.csv", "--svg"); }), Catch::Contains("is a file"));
+  CHECK_THAT(refusal([&] { check_output_folder(dir + "/R/results.csv", "--svg"); }), Catch::Contains("own results.csv"));
   CHECK_THAT(refusal([&] { check_output_file(dir + "/R", "--out"); }), Catch::Contains("is a folder"));
   CHECK_THAT(refusal([&] { check_output_file(dir + "/none/x.md", "--out"); }), Catch::Contains("does not exist"));
   // A folder that is no sweep's may hold a results.csv of anyone's; a sweep folder's table is fine.
