@@ -347,7 +347,7 @@ TEST_CASE("sweep --slurm and status refuse bad input with one line", "[slurm-cli
 
   auto zero = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 0 --dry-run");
   CHECK(is_one_line_error(zero));
-  CHECK_THAT(zero.err, Catch::Contains("--shards 0: must be at least 1"));
+  CHECK_THAT(zero.err, Catch::Contains("--shards: 0 must be at least 1"));
   auto too_many = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 11 --dry-run");
   CHECK(is_one_line_error(too_many));
   CHECK_THAT(too_many.err, Catch::Contains("more than the sweep's 10 cells"));
