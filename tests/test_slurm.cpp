@@ -369,6 +369,25 @@ TEST_CASE("sweep --slurm and status refuse bad input with one line", "[slurm-cli
   auto resharded = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 2 --dry-run");
   CHECK(is_one_line_error(resharded));
   CHECK_THAT(resharded.err, Catch::Contains("split into 3 shards"));
+  // A damaged record is named with the key at fault, never a JSON library's message.
+  const std::string record_text = test::read_text(out + "/slurm/sweep.json");
+  write_file(fs::path(out) / "slurm" / "sweep.json", "[1, 2]");
+  auto not_a_record = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 3 --dry-run");
+  CHECK(is_one_line_error(not_a_record));
+  CHECK_THAT(not_a_record.err, Catch::Contains(out + "/slurm/sweep.json: not a kvevict sweep record"));
+  auto record = nlohmann::json::parse(record_text);
+  record["shards"] = "3";
+  write_file(fs::path(out) / "slurm" / "sweep.json", record.dump());
+  auto text_shards = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 3 --dry-run");
+  CHECK(is_one_line_error(text_shards));
+  CHECK_THAT(text_shards.err, Catch::Contains("slurm/sweep.json") && Catch::Contains("\"shards\""));
+  CHECK_THAT(text_shards.err, !Catch::Contains("json.exception"));
+  write_file(fs::path(out) / "slurm" / "sweep.json", record_text);
+  write_file(fs::path(out) / "shards" / "0" / "config.json", "\"a string\"");
+  auto shard_record = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 3 --dry-run");
+  CHECK(is_one_line_error(shard_record));
+  CHECK_THAT(shard_record.err, Catch::Contains(out + "/shards/0/config.json: not a kvevict sweep record (no \"config\")"));
+  fs::remove_all(fs::path(out) / "shards" / "0");
   auto local = (fs::path(dir) / "local").string();
   REQUIRE(test::run_kvevict("sweep " + other + " --out " + local + " --limit 1").exit_code == 0);
   auto over_local = test::run_kvevict("sweep " + config + " --out " + local + " --slurm --shards 3 --dry-run");

@@ -8,6 +8,7 @@
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/common/kill_points.h"
+#include "harness/sweep/slurm_status.h"
 #include "notebooks-export/results_csv.h"
 #include "tasks/task.h"
 
@@ -102,18 +103,29 @@ void claim_folder_for_shard(const SweepFolder& folder, const SweepPlan& plan, Sh
   write_file_atomically(record_path, record.dump(2) + "\n");
 }
 
+namespace {
+
+// A folder's or a shard's sweep.json value at key, or one line naming the file and the key.
+const json& record_value(const json& record, const std::string& path, const char* key) {
+  if (!record.is_object() || !record.contains(key))
+    throw Error(path + ": not a kvevict sweep record (no \"" + key + "\")");
+  return record.at(key);
+}
+
+}  // namespace
+
 void check_folder_holds_split(const SweepFolder& folder, const json& config, int shards) {
   const std::string different = ": this folder holds a different sweep config's results; use another --out";
   if (fs::exists(folder.slurm_record())) {
-    const json record = read_json_file(folder.slurm_record());
-    if (record["config"] != config) throw Error(folder.slurm_record() + different);
-    if (record["shards"] != shards)
-      throw Error(folder.slurm_record() + ": this sweep was split into " + record["shards"].dump() +
-                  " shards; keep --shards " + record["shards"].dump() + " or use another --out");
+    const SlurmRecord record = read_slurm_record(folder);  // strict: the same reader as status
+    if (record.raw["config"] != config) throw Error(folder.slurm_record() + different);
+    if (record.shards != shards)
+      throw Error(folder.slurm_record() + ": this sweep was split into " + std::to_string(record.shards) +
+                  " shards; keep --shards " + std::to_string(record.shards) + " or use another --out");
   }
   if (fs::exists(folder.record())) {
     const json record = read_json_file(folder.record());
-    if (record["config"] != config) throw Error(folder.record() + different);
+    if (record_value(record, folder.record(), "config") != config) throw Error(folder.record() + different);
     if (!record.contains("merged_from"))
       throw Error(folder.record() + ": this folder holds an unsharded run of this sweep; use another --out");
   }
@@ -122,11 +134,12 @@ void check_folder_holds_split(const SweepFolder& folder, const json& config, int
     const SweepFolder shard{entry.path().string()};
     if (!fs::exists(shard.record())) continue;
     const json record = read_json_file(shard.record());
-    if (record["config"] != config) throw Error(shard.record() + different);
-    if (record["shard"] != json::array({std::atoi(entry.path().filename().c_str()), shards}) ||
-        entry.path().filename() != std::to_string(record["shard"][0].get<int>()))
-      throw Error(shard.record() + ": holds shard " + record["shard"].dump() + ", not part of a " +
-                  std::to_string(shards) + "-shard split of this folder; use another --out");
+    if (record_value(record, shard.record(), "config") != config) throw Error(shard.record() + different);
+    const json& held = record_value(record, shard.record(), "shard");
+    const std::string name = entry.path().filename().string();
+    if (held != json::array({std::atoi(name.c_str()), shards}) || name != std::to_string(held[0].get<int>()))
+      throw Error(shard.record() + ": holds shard " + held.dump() + ", not part of a " + std::to_string(shards) +
+                  "-shard split of this folder; use another --out");
   }
 }
 
