@@ -38,12 +38,13 @@ std::vector<std::string> comparable_rows(const std::string& out) {
 
 // Runs `kvevict ARGS` with KVEVICT_KILL_POINT=point ("" for none); returns the exit code (-1: signal).
 int run_killed(const std::string& args, const std::string& point) {
-  const std::string env = point.empty() ? "" : "KVEVICT_KILL_POINT=" + point + " ";
-  const std::string command = env + test::kvevict_binary() + " " + args + " >/dev/null 2>&1";
-  const int status = std::system(command.c_str());
-  if (WIFSIGNALED(status)) return -1;
-  const int code = WEXITSTATUS(status);
-  return code == 128 + SIGKILL ? -1 : code;  // the shell reports its child's SIGKILL as 137
+  if (point.empty())
+    ::unsetenv("KVEVICT_KILL_POINT");
+  else
+    ::setenv("KVEVICT_KILL_POINT", point.c_str(), 1);
+  const int code = test::run_kvevict(args).exit_code;
+  ::unsetenv("KVEVICT_KILL_POINT");
+  return code == 128 + SIGKILL ? -1 : code;  // through a shell, its child's SIGKILL is 137
 }
 
 int sweep(const std::string& config, const std::string& out, const std::string& point) {

@@ -1,13 +1,18 @@
 #include "tests/test_support.h"
 
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <wordexp.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "harness/common/data_dir.h"
@@ -87,6 +92,116 @@ std::pair<int, long> run_kvevict_peak_memory(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, usage.ru_maxrss};
 }
 
-CommandResult run_kvevict(const std::string& args) { return run_command(kvevict_binary() + " " + args); }
+namespace {
+
+// This build's kvevict started once with KVEVICT_FORK_SERVER=1 (harness/cli/fork_server.h):
+// each run is a child forked from it, the binary's own main in a process that loaded
+// LibTorch once. One socket carries the requests and the replies.
+class ForkServer {
+ public:
+  ~ForkServer() {
+    if (socket_ >= 0) ::close(socket_);  // the server sees end of input and exits
+    if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+  }
+
+  // The child's wait status, or nothing if the server cannot be reached.
+  std::optional<int> run(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (socket_ < 0 && !start()) return std::nullopt;
+    std::string request;
+    auto field = [&](const std::string& text) { request.append(text).push_back('\0'); };
+    field(std::filesystem::current_path().string());
+    field(out);
+    field(err);
+    field(std::to_string(args.size()));
+    for (const auto& arg : args) field(arg);
+    size_t n_env = 0;
+    for (char** entry = environ; *entry; ++entry) ++n_env;
+    field(std::to_string(n_env));
+    for (char** entry = environ; *entry; ++entry) field(*entry);
+    for (size_t done = 0; done < request.size();) {
+      const ssize_t sent = ::send(socket_, request.data() + done, request.size() - done, MSG_NOSIGNAL);
+      if (sent <= 0) return fail();
+      done += static_cast<size_t>(sent);
+    }
+    std::string reply;
+    char c;
+    while (::recv(socket_, &c, 1, 0) == 1) {
+      if (c == '\n') return std::stoi(reply);
+      reply.push_back(c);
+    }
+    return fail();
+  }
+
+ private:
+  bool start() {
+    if (failed_) return false;
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) return false;
+    // Everything the child needs is made before fork: only dup2 and execve run after it.
+    const std::string binary = KVEVICT_BINARY;
+    std::vector<std::string> environment = {"KVEVICT_FORK_SERVER=1"};
+    for (char** entry = environ; *entry; ++entry)
+      if (std::string(*entry).rfind("KVEVICT_FORK_SERVER=", 0) != 0) environment.push_back(*entry);
+    std::vector<char*> envp;
+    for (auto& entry : environment) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    char* argv[] = {const_cast<char*>(binary.c_str()), nullptr};
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (::dup2(ends[1], 0) < 0 || ::dup2(ends[1], 1) < 0) ::_exit(127);
+      ::execve(binary.c_str(), argv, envp.data());
+      ::_exit(127);
+    }
+    ::close(ends[1]);
+    if (pid_ < 0) {
+      ::close(ends[0]);
+      failed_ = true;
+      return false;
+    }
+    socket_ = ends[0];
+    return true;
+  }
+  std::nullopt_t fail() {
+    ::close(socket_);
+    socket_ = -1;
+    failed_ = true;  // from now on every run starts its own process
+    return std::nullopt;
+  }
+
+  std::mutex mutex_;
+  int socket_ = -1;
+  pid_t pid_ = -1;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+CommandResult run_kvevict(const std::string& args) {
+  const char* other = std::getenv("KVEVICT_TEST_BINARY");
+  const char* off = std::getenv("KVEVICT_TEST_NO_FORK_SERVER");
+  wordexp_t words;
+  // Arguments that need more of a shell than its words (redirections, pipes, $(...)), and
+  // another binary, which may not serve forks, run through the shell as before.
+  if ((other && *other) || (off && *off) || ::wordexp(args.c_str(), &words, WRDE_NOCMD) != 0)
+    return run_command(kvevict_binary() + " " + args);
+  std::vector<std::string> argv = {KVEVICT_BINARY};
+  for (size_t i = 0; i < words.we_wordc; ++i) argv.push_back(words.we_wordv[i]);
+  ::wordfree(&words);
+  static ForkServer server;
+  static std::atomic<int> counter{0};
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kvevict_fork_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "out").string(), err = (dir / "err").string();
+  const auto status = server.run(argv, out, err);
+  if (!status) {
+    std::filesystem::remove_all(dir);
+    return run_command(kvevict_binary() + " " + args);
+  }
+  CommandResult result{WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, read_text(out), read_text(err)};
+  std::filesystem::remove_all(dir);
+  return result;
+}
 
 }  // namespace kvevict::test

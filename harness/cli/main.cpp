@@ -1,13 +1,18 @@
 // kvevict: the command-line front door. Each command file adds its subcommands; the one
 // parsed runs, and an error becomes one line on stderr and exit 1.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "harness/cli/command.h"
+#include "harness/cli/fork_server.h"
 #include "harness/common/version.h"
 #include "harness/model/threads.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_command_line(int argc, char** argv) {
   using namespace kvevict;
   CLI::App app{"kvevict: KV-cache eviction policies on real language models"};
   app.require_subcommand(1);
@@ -48,4 +53,13 @@ int main(int argc, char** argv) {
     std::cerr << "kvevict: error: " << msg << std::endl;
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The test suite's way to run this binary many times at one LibTorch load (fork_server.h).
+  const char* fork_server = std::getenv("KVEVICT_FORK_SERVER");
+  if (fork_server && std::string(fork_server) == "1") return kvevict::serve_forked_commands(run_command_line);
+  kvevict::exit_without_static_destructors(run_command_line(argc, argv));
 }
