@@ -56,7 +56,7 @@ std::vector<double> values(const torch::Tensor& t) {
 }  // namespace
 
 // The two [causal-loop] cases check the loop; they need ATen on its AVX2 kernels.
-TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attention][causal-loop]") {
+TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attention][causal-loop][can-skip]") {
   if (!aten_uses_avx2_kernels()) {
     KVEVICT_SKIP(kNotOnAvx2);
     return;
@@ -86,7 +86,7 @@ TEST_CASE("causal softmax has the bits of masking and torch::softmax", "[attenti
   }
 }
 
-TEST_CASE("causal softmax rows with an infinite or NaN logit run whole, as ATen's do", "[attention][causal-loop]") {
+TEST_CASE("causal softmax rows with an infinite or NaN logit run whole, as ATen's do", "[attention][causal-loop][can-skip]") {
   if (!aten_uses_avx2_kernels()) {
     KVEVICT_SKIP(kNotOnAvx2);
     return;
@@ -118,7 +118,7 @@ TEST_CASE("causal softmax leaves other dtypes and layouts to ATen", "[attention]
   CHECK((probs.sum(-1) - 1).abs().max().item<double>() < 1e-12);
 }
 
-TEST_CASE("causal softmax's AVX2 loop is checked in a child process on any AVX2 CPU", "[attention]") {
+TEST_CASE("causal softmax's AVX2 loop is checked in a child process on any AVX2 CPU", "[attention][can-skip]") {
   // ATen reads ATEN_CPU_CAPABILITY once per process; on an AVX-512 machine (or under
   // ATEN_CPU_CAPABILITY=default) the [causal-loop] cases skip in this one.
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {

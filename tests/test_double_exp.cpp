@@ -31,7 +31,7 @@ int differing(const std::vector<double>& x, void (*exp_fn)(const double*, double
 
 }  // namespace
 
-TEST_CASE("the vector exp has exp's bits", "[runtime][exp]") {
+TEST_CASE("the vector exp has exp's bits", "[runtime][exp][can-skip]") {
   if (!vector_exp_supported()) {
     KVEVICT_SKIP("this CPU has no AVX2 and FMA: the vector loop cannot run ('exp_doubles has exp's bits on any CPU' "
                  "checks the calls that run instead)");

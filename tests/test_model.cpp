@@ -335,7 +335,7 @@ TEST_CASE("bad checkpoints fail with one line naming the file or tensor", "[mode
   }
 }
 
-TEST_CASE("with no CUDA device --device cuda is refused with one line naming the device", "[model][cli][errors]") {
+TEST_CASE("with no CUDA device --device cuda is refused with one line naming the device", "[model][cli][errors][can-skip]") {
   if (torch::cuda::is_available()) {
     KVEVICT_SKIP("this LibTorch sees a CUDA device, so --device cuda is not refused here");
     return;

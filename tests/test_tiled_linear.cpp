@@ -94,7 +94,7 @@ TEST_CASE("BlasOnThisThread: OpenBLAS's product inside it is the one-thread prod
   CHECK(same_bits(alone, guarded));
 }
 
-TEST_CASE("thread-count determinism also holds on OpenBLAS's Haswell kernels (child process)", "[linear]") {
+TEST_CASE("thread-count determinism also holds on OpenBLAS's Haswell kernels (child process)", "[linear][can-skip]") {
   // OpenBLAS picks its kernels once per process from the CPU (or OPENBLAS_CORETYPE). On an
   // AVX-512 CPU its SkylakeX kernels happen to give split products the same bits, so this
   // reruns the [threads] cases with the kernels of every AVX2 CPU without AVX-512.
