@@ -3,6 +3,9 @@
 // batching for generation. Every number must equal the same request alone: the tests
 // compare bit for bit where the design promises it, and through tests/compare.h's
 // max_diff against the issue's tolerances (1e-5 float32, 1e-9 float64) everywhere.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +17,7 @@
 #include "harness/model/model.h"
 #include "harness/runtime/attention.h"
 #include "harness/runtime/scorer.h"
+#include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
@@ -307,4 +311,39 @@ TEST_CASE("eval: accuracy, log-likelihoods and generations do not depend on --ba
       CHECK(many.kv_tokens_kept == one.kv_tokens_kept);
     }
   }
+}
+
+TEST_CASE("sweep: batch_size is not part of a cell, and a folder resumes under another batch size", "[batch][sweep]") {
+  namespace fs = std::filesystem;
+  const auto dir = test::temp_dir("batch_sweep");
+  auto write = [&](const std::string& name, int batch) {
+    const std::string path = (fs::path(dir) / name).string();
+    std::ofstream(path) << R"({"name": "batch", "tasks": ["copa", "xsum"], "policies": ["full", "h2o"], "budgets": [0.5],
+      "mode": "decode", "limit": 3, "max_length": 128, "batch_size": )"
+                        << batch << "}";
+    return path;
+  };
+  auto rows_of = [&](const std::string& out) {
+    std::vector<std::string> rows;
+    for (auto row : read_results_csv((fs::path(out) / "results.csv").string())) {
+      row.seconds.reset();
+      rows.push_back(format_row(row));
+    }
+    std::sort(rows.begin(), rows.end());
+    return rows;
+  };
+  const std::string one = (fs::path(dir) / "one").string(), three = (fs::path(dir) / "three").string();
+  REQUIRE(test::run_kvevict("sweep " + write("b1.json", 1) + " --out " + one).exit_code == 0);
+  REQUIRE(test::run_kvevict("sweep " + write("b3.json", 3) + " --out " + three).exit_code == 0);
+  const auto rows = rows_of(one);
+  CHECK(rows.size() >= 4);
+  CHECK(rows == rows_of(three));
+  // The same folder under batch size 3: every cell is finished already, nothing is refused.
+  auto again = test::run_kvevict("sweep " + write("b3.json", 3) + " --out " + one);
+  CHECK(again.exit_code == 0);
+  CHECK(rows_of(one) == rows);
+  // A batch size below 1 is refused with the key's name.
+  auto bad = test::run_kvevict("sweep " + write("b0.json", 0) + " --out " + (fs::path(dir) / "bad").string());
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.err, Catch::Contains("batch_size"));
 }

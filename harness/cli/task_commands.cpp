@@ -118,9 +118,11 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   config.task_options.length = a.length;
   if (at.command.count("--depth")) config.task_options.depth = a.depth;
   config.question = parse_question_mode(a.question);
-  config.batch_size = a.batch_size;
-  if (a.batch_size == 0)
-    std::cerr << "batch size " << default_batch_size(*model) << " (this model's default on this machine; --batch-size N to choose)"
+  config.batch_size = a.batch_size > 0 ? a.batch_size : default_batch_size(*model);
+  // Said once, where a default batches (a model that runs each op on one thread takes
+  // whole requests on its threads instead, and prints nothing).
+  if (a.batch_size == 0 && config.batch_size > 1)
+    std::cerr << "batch size " << config.batch_size << " (this model's default on this machine; --batch-size N to choose)"
               << std::endl;
   // A long-context item is drawn from --seed (its answers are greedy: nothing is sampled).
   if (at.command.count("--seed") && make_task(a.task)->long_context())
@@ -140,6 +142,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
     j["score"] = score_mode_name(config.score);
     j["pipeline"] = a.pipeline;
     j["shots"] = a.shots;
+    j["batch_size"] = config.batch_size;
     if (a.length > 0) {
       j["length"] = a.length;
       if (config.task_options.depth) j["depth"] = *config.task_options.depth;

@@ -130,6 +130,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   SweepPlan plan;
   plan.config = config;
   plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
+  plan.config.erase("batch_size");  // likewise: every number is the same at any batch size
   // The model options every cell uses fail here, before a cell runs or a job is submitted.
   plan.device = keys.text("device", plan.device);
   plan.dtype = keys.text("dtype", plan.dtype);
