@@ -347,3 +347,50 @@ TEST_CASE("sweep: batch_size is not part of a cell, and a folder resumes under a
   CHECK(bad.exit_code != 0);
   CHECK_THAT(bad.err, Catch::Contains("batch_size"));
 }
+
+TEST_CASE("the goldens hold at batch sizes 1, 3 and 8", "[batch][golden]") {
+  // golden/README.md: a float32 implementation matches the float64 references' log-probs
+  // within 1e-4. Each golden sequence is scored beside shorter neighbours (its own
+  // prefixes and a reversed copy), so a batch of 3 and one of 8 both hold it with others.
+  struct Golden {
+    std::string model, file, policy;
+    PolicyOptions options;
+    std::string key;
+  };
+  std::vector<Golden> goldens;
+  const auto stories_golden = test::read_json(test::data("golden/stories260K_tinystories_T200.json"));
+  goldens.push_back({"models/stories260K-hf", "golden/stories260K_tinystories_T200.json", "full", {}, "full"});
+  PolicyOptions paper;
+  paper.budget.heavy_ratio = stories_golden["h2o_paper"]["heavy_ratio"].get<double>();
+  paper.budget.recent_ratio = stories_golden["h2o_paper"]["recent_ratio"].get<double>();
+  goldens.push_back({"models/stories260K-hf", "golden/stories260K_tinystories_T200.json", "h2o-paper", paper, "h2o_paper"});
+  PolicyOptions local;
+  local.budget.tokens = stories_golden["local"]["recent_budget"].get<int>();
+  goldens.push_back({"models/stories260K-hf", "golden/stories260K_tinystories_T200.json", "local", local, "local"});
+  for (const std::string name : {"tiny-random-opt", "tiny-random-gptneox", "tiny-random-llama3", "tiny-random-mistral",
+                                 "tiny-random-qwen2", "tiny-random-qwen3", "tiny-random-phi3", "tiny-random-opt-postln"})
+    goldens.push_back({"models/" + name, "golden/tiny_models/" + name + ".json", "full", {}, "full"});
+  for (const Golden& g : goldens) {
+    const auto golden = test::read_json(test::data(g.file));
+    const auto tokens = golden["tokens"].get<std::vector<int>>();
+    const auto expected = golden[g.key]["next_token_logprob"].get<std::vector<double>>();
+    auto model = Model::load(test::data(g.model));
+    auto policy = make_policy(g.policy, g.options);
+    std::vector<ScoreRequest> requests = {{tokens}};
+    for (int k = 1; k < 8; ++k) {
+      // At least 48 tokens (local's budget of 40 must fit), at most the golden's length.
+      const size_t length = std::clamp<size_t>(tokens.size() * k / 9 + 2, std::min<size_t>(tokens.size(), 48), tokens.size());
+      std::vector<int> neighbour(tokens.begin(), tokens.begin() + length);
+      if (k % 2 == 0) std::reverse(neighbour.begin(), neighbour.end());
+      requests.push_back({neighbour});
+    }
+    for (Mode mode : {Mode::Sim, Mode::Decode}) {
+      if (mode == Mode::Decode && !policy->realisable()) continue;
+      for (int batch : {1, 3, 8}) {
+        INFO(g.model << " " << g.policy << " " << mode_name(mode) << " batch " << batch);
+        auto scores = score_batch(*model, *policy, mode, requests, batch);
+        CHECK(test::max_diff(scores[0].next_token_logprob, expected) < 1e-4);
+      }
+    }
+  }
+}
