@@ -460,7 +460,7 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
   // Peak resident memory: the process after loading, then compare_batch sequences of
   // memory_context tokens each in their own full caches.
   if (memory_context > 0) {
-    auto model = Model::load(model_dir, args.runtime.options);
+    auto model = Model::load(generation_model, args.runtime.options);  // generate_batch decodes its text
     use_threads_for(*model, threads);
     const int vocab = static_cast<int>(model->arch().vocab);
     std::vector<GenerateOptions> options(compare_batch);
