@@ -80,7 +80,8 @@ TEST_CASE("matvec takes a decode step's row [1, in] and gives [1, out] with the 
     REQUIRE(row.sizes() == torch::IntArrayRef({1, 1001}));
     CHECK(torch::equal(row[0], matvec(weight, x, bias)));
   }
-  CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({2, 4})));  // two rows: a GEMM's job
+  CHECK(matvec_supported(torch::randn({8, 4}), torch::randn({2, 4})));          // a batch's rows (test_batching.cpp)
+  CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({2, 1, 4})));  // three dimensions
 }
 
 TEST_CASE("matvec refuses what it does not handle, by name", "[matvec]") {

@@ -24,6 +24,7 @@
 #include "harness/common/files.h"
 #include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
+#include "harness/eval/evaluator.h"
 #include "harness/model/threads.h"
 #include "harness/runtime/roofline.h"
 #include "policies/registry.h"
@@ -313,6 +314,175 @@ int bench_tokenizers(const BenchArgs& args, const ConfigObject& config, const st
   return 0;
 }
 
+// Batched decode and evaluation (issue 31), each as a ratio to batch 1 in the same run:
+// decode tokens/s at each batch size with the share of the step spent in attention (the
+// policy's bookkeeping included), generation end to end, multiple choice, and the peak
+// resident memory of a batch against the KV bytes it holds.
+int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::string& data_override) {
+  constexpr long long kMost = std::numeric_limits<int>::max();
+  const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
+  const auto batch_sizes = config.integers("batch_sizes", {1, 2, 4, 8, 16, 32}, 1, 4096);
+  const auto dtypes = config.texts("dtypes", {args.runtime.options.dtype});
+  const int prefill = config.integer("decode_prefill", 32, 1, kMost);
+  const int steps = config.integer("decode_steps", 16, 1, kMost);
+  const int repeat = config.integer("repeat", args.repeat, 1, kMost);
+  const std::string profile_policy = config.text("profile_policy", "h2o");
+  const double budget = config.number("budget", 0.5, 0, 1);
+  const int compare_batch = args.batch_size > 0 ? args.batch_size : config.integer("compare_batch", 8, 1, 4096);
+  const int generation_limit = config.integer("generation_limit", 32, 0, kMost);
+  const std::string generation_task = config.text("generation_task", "xsum");
+  // Tasks need a tokenizer that covers the vocabulary: a random model made with
+  // --tokenizer-from stories260K has --vocab 512.
+  const std::string generation_model = config.text("generation_model", model_dir);
+  const int generation_max_length = config.integer("generation_max_length", 1024, 2, kMost);
+  const std::string mc_task = config.text("mc_task", "piqa");
+  const int mc_limit = config.integer("mc_limit", 0, 0, kMost);
+  const auto mc_models = config.texts("mc_models", {});
+  const int memory_context = config.integer("memory_context", 0, 0, kMost);
+  const int threads = set_thread_count(args.runtime.options.threads);
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "threads " << threads << " (physical cores " << physical_core_count() << ") load_average "
+            << load_average() << std::endl;
+  PolicyOptions none;
+  auto full = make_policy(reference_policy_name(), none);
+  PolicyOptions with_budget;
+  with_budget.budget.ratio = budget;
+  auto profiled = make_policy(profile_policy, with_budget);
+
+  // B sequences with their own caches, prefilled, then `steps` steps of B decode rows in
+  // one forward_batch; the best of `repeat` runs.
+  struct BatchStep {
+    double seconds = 1e30, attention = 1e30;  // per step
+    int64_t held_bytes = 0;
+  };
+  auto batch_step = [&](const Model& m, const Policy& policy, int B) {
+    BatchStep best;
+    const int vocab = static_cast<int>(m.arch().vocab);
+    for (int r = 0; r < repeat; ++r) {
+      std::vector<std::unique_ptr<CacheAttention>> caches;
+      std::vector<std::vector<int>> tokens;
+      for (int b = 0; b < B; ++b) {
+        tokens.push_back(random_tokens(prefill + steps, vocab, 100 + b));
+        caches.push_back(std::make_unique<CacheAttention>(m, policy, shape_for(m, prefill, prefill)));
+        m.forward(std::vector<int>(tokens[b].begin(), tokens[b].begin() + prefill), 0, *caches[b]);
+      }
+      double attention_before = 0;
+      for (auto& c : caches) attention_before += c->attention_seconds();
+      const auto t0 = Clock::now();
+      for (int s = 0; s < steps; ++s) {
+        std::vector<BatchSegment> segments;
+        for (int b = 0; b < B; ++b) segments.push_back({{tokens[b][prefill + s]}, prefill + s, caches[b].get()});
+        m.forward_batch(segments);
+      }
+      const double seconds = seconds_since(t0) / steps;
+      double attention = -attention_before;
+      int64_t held = 0;
+      for (auto& c : caches) {
+        attention += c->attention_seconds();
+        held += c->held_bytes();
+      }
+      if (seconds < best.seconds) best = {seconds, attention / steps, held};
+    }
+    return best;
+  };
+
+  for (const std::string& dtype : dtypes) {
+    ModelOptions options = args.runtime.options;
+    options.dtype = dtype;
+    auto model = Model::load(model_dir, options);
+    use_threads_for(*model, threads);
+    const ArchSpec& arch = model->arch();
+    std::cout << "model " << model_dir << " (" << arch.n_layers << " layers, hidden " << arch.hidden << ") " << dtype
+              << " default_batch_size " << default_batch_size(*model) << std::endl;
+    const WeightPass weight_pass(arch, model->dtype());
+    std::cout << "weight_pass " << dtype << " ms " << weight_pass.seconds(repeat) * 1e3 << " MB "
+              << decode_weight_bytes(arch, model->dtype()) / 1e6 << std::endl;
+    double one = 0;
+    for (int B : batch_sizes) {
+      const BatchStep step = batch_step(*model, *full, B);
+      const double tokens_per_s = B / step.seconds;
+      if (B == 1) one = tokens_per_s;
+      std::cout << "batch_decode " << dtype << " full B " << B << " tokens_per_s " << tokens_per_s << " ratio_to_B1 "
+                << (one > 0 ? tokens_per_s / one : 0) << " step_ms " << step.seconds * 1e3 << " attention_ms "
+                << step.attention * 1e3 << " rest_ms " << (step.seconds - step.attention) * 1e3 << " load_average "
+                << load_average() << std::endl;
+    }
+    // The profile of a batch of compare_batch steps under an evicting policy: its
+    // attention share includes the policy's scores and evictions.
+    const BatchStep evicting = batch_step(*model, *profiled, compare_batch);
+    const BatchStep plain = batch_step(*model, *full, compare_batch);
+    std::cout << "batch_decode_profile " << dtype << " B " << compare_batch << " full step_ms " << plain.seconds * 1e3
+              << " attention " << percent(plain.attention / plain.seconds) << " | " << profile_policy << " budget "
+              << budget << " step_ms " << evicting.seconds * 1e3 << " attention_and_policy "
+              << percent(evicting.attention / evicting.seconds) << " policy_over_full_ms "
+              << (evicting.attention - plain.attention) * 1e3 << std::endl;
+  }
+
+  // Whole evaluations at batch 1 and compare_batch: seconds, documents/s, and whether
+  // every output is the same.
+  auto eval_pair = [&](const Model& model, const std::string& task, int limit, int max_length, Mode mode,
+                       const std::string& label) {
+    EvalConfig config;
+    config.task = task;
+    config.task_options.data_dir = data_dir(data_override);
+    config.task_options.limit = limit > 0 ? limit : -1;
+    config.max_length = max_length;
+    config.mode = mode;
+    config.compare_with_full = false;
+    std::vector<EvalResult> results;
+    for (int B : {1, compare_batch}) {
+      config.batch_size = B;
+      results.push_back(evaluate(model, config));
+    }
+    bool same = results[0].docs.size() == results[1].docs.size();
+    for (size_t d = 0; same && d < results[0].docs.size(); ++d)
+      same = results[0].docs[d].generated == results[1].docs[d].generated &&
+             results[0].docs[d].choice_scores == results[1].docs[d].choice_scores;
+    const double n = results[0].n;
+    std::cout << label << " " << task << " docs " << results[0].n << " B1_seconds " << results[0].seconds
+              << " B1_docs_per_s " << n / results[0].seconds << " B" << compare_batch << "_seconds " << results[1].seconds
+              << " B" << compare_batch << "_docs_per_s " << n / results[1].seconds << " ratio "
+              << results[0].seconds / results[1].seconds << " identical " << (same ? "yes" : "NO")
+              << " load_average " << load_average() << std::endl;
+  };
+  if (generation_limit > 0) {
+    auto model = Model::load(generation_model, args.runtime.options);
+    use_threads_for(*model, threads);
+    eval_pair(*model, generation_task, generation_limit, generation_max_length, Mode::Decode, "batch_generation");
+  }
+  for (const std::string& dir : mc_models) {
+    auto model = Model::load(std::filesystem::exists(dir) ? dir : data_path(dir, data_override), args.runtime.options);
+    use_threads_for(*model, threads);
+    eval_pair(*model, mc_task, mc_limit, 1024, Mode::Sim, "batch_mc " + dir + " sim");
+    eval_pair(*model, mc_task, mc_limit, 1024, Mode::Decode, "batch_mc " + dir + " decode");
+  }
+
+  // Peak resident memory: the process after loading, then compare_batch sequences of
+  // memory_context tokens each in their own full caches.
+  if (memory_context > 0) {
+    auto model = Model::load(generation_model, args.runtime.options);  // generate_batch decodes its text
+    use_threads_for(*model, threads);
+    const int vocab = static_cast<int>(model->arch().vocab);
+    std::vector<GenerateOptions> options(compare_batch);
+    std::vector<std::vector<int>> prompts;
+    for (int b = 0; b < compare_batch; ++b) {
+      prompts.push_back(random_tokens(memory_context, vocab, 300 + b));
+      options[b].max_new_tokens = 8;
+    }
+    reset_peak_rss();
+    const int64_t before = peak_rss_bytes();
+    int64_t kv = 0;
+    for (const Generation& g : generate_batch(*model, *full, prompts, options, compare_batch)) kv += g.kv.peak_bytes;
+    const int64_t peak = peak_rss_bytes();
+    std::cout << "batch_memory B " << compare_batch << " context " << memory_context << " rss_before_MiB "
+              << mib(before) << " peak_rss_MiB " << mib(peak) << " growth_MiB " << mib(peak - before)
+              << " kv_peak_MiB (fp16 count) " << mib(kv) << " kv_" << args.runtime.options.dtype << "_MiB "
+              << mib(kv * (model->dtype() == torch::kBFloat16 ? 1 : 2)) << " overhead_MiB "
+              << mib(peak - before - kv * (model->dtype() == torch::kBFloat16 ? 1 : 2)) << std::endl;
+  }
+  return 0;
+}
+
 // The keys of each kind of benchmark config; any other key is refused (a typo would
 // otherwise silently bench the default).
 const std::vector<std::string> kTokenizerBenchKeys = {"comment", "description", "jsonl", "field", "limit", "tokenizers"};
@@ -320,6 +490,10 @@ const std::vector<std::string> kPolicyBenchKeys = {
     "comment",        "description",   "model",       "tokens",        "decode_steps",   "repeat",
     "budget",         "sim_policies",  "decode_policy", "dtypes",      "decode_threads", "memory_tokens",
     "bandwidth_MiB",  "decode_prefill", "decode_rounds", "decode_tokens", "decode_kv_bits"};
+const std::vector<std::string> kBatchBenchKeys = {
+    "comment", "description", "model", "batch_sizes", "dtypes", "decode_prefill", "decode_steps", "repeat",
+    "profile_policy", "budget", "compare_batch", "generation_task", "generation_model", "generation_limit", "generation_max_length",
+    "mc_task", "mc_limit", "mc_models", "memory_context"};
 
 }  // namespace
 
@@ -328,6 +502,8 @@ int run_bench(const BenchArgs& args, const std::string& data_override) {
     const nlohmann::json config = read_json_file(args.config);
     if (config.is_object() && config.contains("tokenizers"))
       return bench_tokenizers(args, ConfigObject(config, args.config, kTokenizerBenchKeys), data_override);
+    if (config.is_object() && config.contains("batch_sizes"))
+      return bench_batch(args, ConfigObject(config, args.config, kBatchBenchKeys), data_override);
     return bench_policies(args, ConfigObject(config, args.config, kPolicyBenchKeys));
   }
   auto t0 = Clock::now();

@@ -43,6 +43,7 @@ int run_perplexity(const PerplexityArgs& args);
 struct BenchArgs {
   std::string model, config;
   int tokens = 256, new_tokens = 128, repeat = 3;
+  int batch_size = 0;        // --batch-size: the batch compared with batch 1 (0: the config's)
   bool model_given = false;  // --model was passed: it overrides a config's "model"
   RuntimeFlags runtime;
 };

@@ -47,6 +47,8 @@ void add_bench_flags(CLI::App& cmd, BenchArgs& bench) {
   cmd.add_option("--config", bench.config, "benchmark config JSON (configs/bench_*.json)");
   cmd.add_option("--tokens", bench.tokens, "sequence length for forward benchmarks")->check(cli::at_least(1))->capture_default_str();
   cmd.add_option("--new-tokens", bench.new_tokens, "tokens to generate")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--batch-size", bench.batch_size, "batch benchmarks: the batch size compared with batch 1")
+      ->check(cli::at_least(1));
   cmd.add_option("--repeat", bench.repeat, "repetitions; the best time is reported")->check(cli::at_least(1))->capture_default_str();
   bench.runtime.add_to(cmd);
 }

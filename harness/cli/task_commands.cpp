@@ -33,6 +33,7 @@ struct EvalArgs {
   std::string pipeline = "lm-eval", question = "aware";
   bool greedy = false;
   int shots = 0, limit = -1, max_length = 1024, fewshot_seed = 42, length = 0;
+  int batch_size = 0;  // 0: default_batch_size()
   double depth = 0;  // read only when --depth is given
   bool no_bos = false, bos = false, file_order = false, helm_truncate = false;
   double temperature = 0;
@@ -117,6 +118,12 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   config.task_options.length = a.length;
   if (at.command.count("--depth")) config.task_options.depth = a.depth;
   config.question = parse_question_mode(a.question);
+  config.batch_size = a.batch_size > 0 ? a.batch_size : default_batch_size(*model);
+  // Said once, where a default batches (a model that runs each op on one thread takes
+  // whole requests on its threads instead, and prints nothing).
+  if (a.batch_size == 0 && config.batch_size > 1)
+    std::cerr << "batch size " << config.batch_size << " (this model's default on this machine; --batch-size N to choose)"
+              << std::endl;
   // A long-context item is drawn from --seed (its answers are greedy: nothing is sampled).
   if (at.command.count("--seed") && make_task(a.task)->long_context())
     config.task_options.seed = static_cast<int>(a.seed);
@@ -135,6 +142,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
     j["score"] = score_mode_name(config.score);
     j["pipeline"] = a.pipeline;
     j["shots"] = a.shots;
+    j["batch_size"] = config.batch_size;
     if (a.length > 0) {
       j["length"] = a.length;
       if (config.task_options.depth) j["depth"] = *config.task_options.depth;
@@ -257,6 +265,10 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
   eval_cmd->add_option("--score", a.score, "sum (lm-eval) or mean (the H2O pipeline)")->capture_default_str();
   eval_cmd->add_flag("--no-bos", a.no_bos, "no BOS token (the default for multiple choice, as the paper)");
   eval_cmd->add_flag("--bos", a.bos, "prepend BOS (the default for generation and perplexity)");
+  eval_cmd->add_option("--batch-size", a.batch_size,
+                       "sequences run together, each with its own cache and policy state (default: chosen from the "
+                       "model and the machine); no number depends on it")
+      ->check(cli::at_least(1));
   eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
   eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
   eval_cmd->add_option("--seed", a.seed, "generation sampling seed; long-context tasks: the items' seed")

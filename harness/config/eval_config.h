@@ -50,6 +50,9 @@ struct EvalConfig {
   uint64_t sample_seed = 0;
   std::string text_file = "text/tinystories_sample.txt";  // perplexity task, relative to data_dir
   bool compare_with_full = true;  // also run the full cache for agreement numbers
+  // Sequences run together (0: default_batch_size()). Not part of the identity: every
+  // number is the same at any batch size.
+  int batch_size = 0;
 };
 
 // The identity columns of a configuration (outcome columns empty).

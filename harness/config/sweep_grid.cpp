@@ -79,7 +79,8 @@ const std::vector<std::string>& sweep_config_keys() {
       "temperature", "file_order", "slurm", "device", "dtype", "pipelines", "pipeline", "greedy",
       "lengths", "depths", "questions",
       "analyze",  // "analyze": run by `kvevict analyze --config`
-      "kv_quant", "kv_bits", "kv_group", "kv_residual", "kv_memories"};
+      "kv_quant", "kv_bits", "kv_group", "kv_residual", "kv_memories",
+      "batch_size"};  // how many sequences run together: not part of a cell's identity
   return keys;
 }
 
@@ -129,6 +130,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   SweepPlan plan;
   plan.config = config;
   plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
+  plan.config.erase("batch_size");  // likewise: every number is the same at any batch size
   // The model options every cell uses fail here, before a cell runs or a job is submitted.
   plan.device = keys.text("device", plan.device);
   plan.dtype = keys.text("dtype", plan.dtype);
@@ -362,6 +364,8 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
                 e.sample_seed = static_cast<uint64_t>(seed);
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
+                if (config.contains("batch_size"))
+                  e.batch_size = checked_int(config["batch_size"], path, "batch_size", 1, 4096);
                 plan.cells.push_back(cell);
               }
             }

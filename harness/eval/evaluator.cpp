@@ -34,8 +34,14 @@ struct Usage {
 
 // lm-eval 0.3 loglikelihood: context and continuation encoded separately, one pass
 // over (ctx+cont)[-(max_length+1):][:-1], the continuation's log-probs summed.
-LoglikelihoodResult score_request(const Model& model, const Policy& policy, const EvalConfig& config,
-                                  const LoglikelihoodRequest& request, bool bos, KvStats* kv) {
+struct PreparedRequest {
+  std::vector<int> whole;  // context + continuation, left-truncated
+  int n_cont = 0;          // scored continuation tokens (the last n_cont of whole)
+  ScoreRequest pass;       // the pass under the protocol
+};
+
+PreparedRequest prepare_request(const Model& model, const EvalConfig& config, const LoglikelihoodRequest& request,
+                                bool bos) {
   const Tokenizer& tokenizer = model.require_tokenizer();
   std::vector<int> context = model.encode(request.context, bos);
   std::vector<int> continuation = tokenizer.encode(request.continuation);
@@ -45,29 +51,45 @@ LoglikelihoodResult score_request(const Model& model, const Policy& policy, cons
     const int eot = model.arch().eos_token_id >= 0 ? model.arch().eos_token_id : model.arch().bos_token_id;
     context.push_back(eot);
   }
-  std::vector<int> whole = context;
+  PreparedRequest prepared;
+  std::vector<int>& whole = prepared.whole;
+  whole = context;
   whole.insert(whole.end(), continuation.begin(), continuation.end());
   if (static_cast<int>(whole.size()) > config.max_length + 1)
     whole.erase(whole.begin(), whole.end() - (config.max_length + 1));
-  std::vector<int> input(whole.begin(), whole.end() - 1);
+  const int input = static_cast<int>(whole.size()) - 1;
   // A continuation longer than the window is scored on its last max_length tokens.
-  const int n_cont = std::min<int>(static_cast<int>(continuation.size()), static_cast<int>(input.size()));
-  const int n_ctx = static_cast<int>(input.size()) - n_cont + 1;  // input tokens before the first scored one
+  prepared.n_cont = std::min<int>(static_cast<int>(continuation.size()), input);
+  const int n_ctx = input - prepared.n_cont + 1;  // input tokens before the first scored one
   // Only the continuation's log-probs are read (entries first - 1 on, see below).
-  const int first_logprob = static_cast<int>(whole.size()) - n_cont - 1;
-  SequenceScore score = score_joint_request(model, policy, config.mode, config.protocol, whole, n_ctx, first_logprob);
-  *kv = score.kv;
+  const int first_logprob = static_cast<int>(whole.size()) - prepared.n_cont - 1;
+  prepared.pass = joint_score_request(model, config.protocol, whole, n_ctx, first_logprob);
+  return prepared;
+}
+
+LoglikelihoodResult loglikelihood_of(const PreparedRequest& prepared, const SequenceScore& score) {
+  const std::vector<int>& whole = prepared.whole;
   LoglikelihoodResult result;
-  result.num_tokens = n_cont;
+  result.num_tokens = prepared.n_cont;
   result.is_greedy = true;
   // Log-prob of whole[i+1] given whole[..i] is next_token_logprob[i] (the last one from
   // final_target); the continuation occupies the last n_cont positions of `whole`.
-  const int first = static_cast<int>(whole.size()) - n_cont;
+  const int first = static_cast<int>(whole.size()) - prepared.n_cont;
   for (int j = first; j < static_cast<int>(whole.size()); ++j) {
     result.sum_logprob += score.next_token_logprob[j - 1];
     if (score.argmax[j - 1] != whole[j]) result.is_greedy = false;
   }
   return result;
+}
+
+LoglikelihoodResult score_request(const Model& model, const Policy& policy, const EvalConfig& config,
+                                  const LoglikelihoodRequest& request, bool bos, KvStats* kv) {
+  const PreparedRequest prepared = prepare_request(model, config, request, bos);
+  const ScoreRequest& p = prepared.pass;
+  SequenceScore score = score_sequence(model, policy, config.mode, p.tokens, p.prefill_len, p.budget_length,
+                                       p.final_target, p.first_logprob, p.top_k);
+  *kv = score.kv;
+  return loglikelihood_of(prepared, score);
 }
 
 // The H2O adaptor has no BOS and evicts from the first token of the joint request
@@ -107,6 +129,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
 
   check_pipeline(config, task->kind());
   check_long_context(config, *task);
+  const int batch = config.batch_size > 0 ? config.batch_size : default_batch_size(model);
   if (task->kind() == TaskKind::MultipleChoice) {
     const bool bos = config.bos.value_or(false);
     auto docs = task->multiple_choice_docs(config.task_options);
@@ -114,6 +137,30 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     // everything is gathered in document order, as a serial loop would.
     std::vector<std::vector<LoglikelihoodResult>> doc_answers(docs.size());
     std::vector<std::vector<KvStats>> doc_kv(docs.size());
+    if (batch > 1 && config.task_options.pipeline != Pipeline::H2O) {
+      // Every choice of every document is one sequence of the batch (score_batch: longest
+      // first); a document is done when its last choice is.
+      std::vector<PreparedRequest> prepared;
+      std::vector<ScoreRequest> passes;
+      std::vector<int> doc_of, left(docs.size());  // [requests]; [docs]: choices still running
+      for (size_t d = 0; d < docs.size(); ++d)
+        for (const auto& request : docs[d].requests) {
+          prepared.push_back(prepare_request(model, config, request, bos));
+          passes.push_back(prepared.back().pass);
+          doc_of.push_back(static_cast<int>(d));
+          ++left[d];
+        }
+      int docs_done = 0;
+      for (size_t d = 0; d < docs.size(); ++d)
+        if (left[d] == 0 && progress) progress(++docs_done, static_cast<int>(docs.size()));
+      const std::vector<SequenceScore> scores = score_batch(model, *policy, config.mode, passes, batch, [&](int i) {
+        if (--left[doc_of[i]] == 0 && progress) progress(++docs_done, static_cast<int>(docs.size()));
+      });
+      for (size_t i = 0; i < passes.size(); ++i) {
+        doc_answers[doc_of[i]].push_back(loglikelihood_of(prepared[i], scores[i]));
+        doc_kv[doc_of[i]].push_back(scores[i].kv);
+      }
+    } else
     for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
       for (const auto& request : docs[d].requests) {
         KvStats kv;
@@ -149,9 +196,12 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     const bool long_context = task->long_context();
     const bool agnostic = config.question == QuestionMode::Agnostic;
     auto docs = task->generation_docs_for(model.require_tokenizer(), config.task_options);
-    // Sampling draws from a per-document seed, so documents can run on several threads.
+    // Sampling draws from a per-document seed, so documents can run on several threads
+    // or in one batch.
     std::vector<Generation> generations(docs.size());
-    for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
+    std::vector<std::vector<int>> prompts(docs.size());
+    std::vector<GenerateOptions> generate_options(docs.size());
+    auto prepare = [&](int d) {
       std::vector<int> prompt = model.encode(docs[d].prompt, bos);
       int question_tokens = 0;
       if (long_context) {
@@ -187,8 +237,21 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
         options.stream = false;
       }
       if (config.greedy) options.temperature = 0;
-      generations[d] = generate(model, *policy, prompt, options);
-    }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+      prompts[d] = std::move(prompt);
+      generate_options[d] = std::move(options);
+    };
+    if (batch > 1) {
+      for (size_t d = 0; d < docs.size(); ++d) prepare(static_cast<int>(d));
+      int done = 0;
+      generations = generate_batch(model, *policy, prompts, generate_options, batch, [&](int) {
+        if (progress) progress(++done, static_cast<int>(docs.size()));
+      });
+    } else {
+      for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
+        prepare(d);
+        generations[d] = generate(model, *policy, prompts[d], generate_options[d]);
+      }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+    }
     std::vector<std::string> generated;
     for (const Generation& generation : generations) generated.push_back(generation.text);
     // The long-context tasks score their answers themselves (RULER's string match, NIAH).
@@ -243,6 +306,15 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
 }
 
 }  // namespace
+
+int default_batch_size(const Model& model) {
+  // A model that runs each op on one thread already runs whole requests on the threads
+  // (request_workers); a bigger one on the CPU reads its weights once per step for 8 rows,
+  // where the weight pass stops being bound by the memory bandwidth on the machines we
+  // measured (README, Speed); a GPU takes more.
+  if (model.runs_ops_on_one_thread()) return 1;
+  return model.device().is_cpu() ? 8 : 32;
+}
 
 EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progress& progress,
                     std::optional<EvalResult>* full_cache) {

@@ -46,6 +46,10 @@ struct EvalResult {
   std::vector<DocOutcome> docs;
 };
 
+// The batch size an evaluation uses when its config names none (batch_size 0): from the
+// model's size and its device.
+int default_batch_size(const Model& model);
+
 // Called after each document: (done, total).
 using Progress = std::function<void(int, int)>;
 

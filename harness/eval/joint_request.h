@@ -16,6 +16,10 @@ namespace kvevict {
 // runs the first max(1, context_tokens) tokens with full attention and its budgets refer
 // to them. next_token_logprob[i] is log p(whole[i+1] | whole[..i]) for i >= first_logprob
 // (see score_sequence); with top_k > 0 each such row also gives its top_k tokens.
+// The same pass as data, for score_batch(): score_joint_request() is score_sequence() of it.
+ScoreRequest joint_score_request(const Model& model, Protocol protocol, const std::vector<int>& whole,
+                                 int context_tokens, int first_logprob, int top_k = 0);
+
 SequenceScore score_joint_request(const Model& model, const Policy& policy, Mode mode, Protocol protocol,
                                   const std::vector<int>& whole, int context_tokens, int first_logprob,
                                   int top_k = 0);

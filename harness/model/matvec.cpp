@@ -58,6 +58,37 @@ __attribute__((target("avx2,fma"))) float dot_avx2(const W* w, const float* x, i
   return sum;
 }
 
+// G rows of x against one weight row in one pass over it: each 32-float chunk of the
+// weight is loaded (and for bfloat16 widened) once and multiplied into G rows. Every
+// (weight row, x row) pair keeps its own four accumulators, summed in dot_avx2's order,
+// so each output has dot_avx2's bits whatever G is. G <= 3: 12 accumulators and the
+// weight chunk fit AVX2's 16 registers.
+template <int G, typename W>
+__attribute__((target("avx2,fma"))) void dot_rows_avx2(const W* w, const float* const* x, int64_t n, float* sums) {
+  __m256 a[G][4];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int c = 0; c < 4; ++c) {
+      const __m256 wc = load8(w + i + 8 * c);
+      for (int g = 0; g < G; ++g) a[g][c] = _mm256_fmadd_ps(wc, _mm256_loadu_ps(x[g] + i + 8 * c), a[g][c]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 wc = load8(w + i);
+    for (int g = 0; g < G; ++g) a[g][0] = _mm256_fmadd_ps(wc, _mm256_loadu_ps(x[g] + i), a[g][0]);
+  }
+  for (int g = 0; g < G; ++g) {
+    const __m256 acc = _mm256_add_ps(_mm256_add_ps(a[g][0], a[g][1]), _mm256_add_ps(a[g][2], a[g][3]));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float sum = _mm_cvtss_f32(h);
+    for (int64_t j = i; j < n; ++j) sum += widen(w[j]) * x[g][j];
+    sums[g] = sum;
+  }
+}
+
 bool cpu_has_avx2_fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
@@ -75,17 +106,39 @@ float dot(const W* w, const float* x, int64_t n) {
 inline void store(float* y, float value) { *y = value; }
 inline void store(c10::BFloat16* y, float value) { *y = c10::BFloat16(value); }  // round to nearest even
 
-// W: float or uint16_t (bfloat16 bits); Out: float or c10::BFloat16.
+// The B sums of one weight row against x's B rows (x[b] is row b), each with dot()'s bits.
+template <typename W>
+void dot_rows(const W* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
+#ifdef KVEVICT_MATVEC_AVX2
+  if (cpu_has_avx2_fma()) {
+    int64_t b = 0;
+    for (; b + 3 <= batch; b += 3) dot_rows_avx2<3>(w, x + b, n, sums + b);
+    if (batch - b == 2) dot_rows_avx2<2>(w, x + b, n, sums + b);
+    if (batch - b == 1) sums[b] = dot_avx2(w, x[b], n);
+    return;
+  }
+#endif
+  for (int64_t b = 0; b < batch; ++b) sums[b] = dot_portable(w, x[b], n);
+}
+
+// W: float or uint16_t (bfloat16 bits); Out: float or c10::BFloat16. x holds `batch` rows
+// of `in` floats; y is [batch, out]. Each weight row is read once for all rows of x.
 template <typename W, typename Out>
-void rows(const W* w, const float* x, const W* bias, Out* y, int64_t out, int64_t in) {
+void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int64_t out, int64_t in) {
   // A chunk of at least 128 KiB of weights: smaller ones cost more to hand to a thread
   // than they take to read (a tiny model's rows then stay on one thread).
   const int64_t grain = std::max<int64_t>(1, (int64_t{128} << 10) / std::max<int64_t>(1, in * int64_t(sizeof(W))));
+  std::vector<const float*> x_rows(static_cast<size_t>(batch));  // [batch]: row b of x
+  for (int64_t b = 0; b < batch; ++b) x_rows[b] = x + b * in;
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(static_cast<size_t>(batch));  // [batch]: one weight row's outputs
     for (int64_t r = begin; r < end; ++r) {
-      float sum = dot(w + r * in, x, in);
-      if (bias) sum += widen(bias[r]);
-      store(y + r, sum);
+      dot_rows(w + r * in, x_rows.data(), batch, in, sums.data());
+      for (int64_t b = 0; b < batch; ++b) {
+        float sum = sums[b];
+        if (bias) sum += widen(bias[r]);
+        store(y + b * out + r, sum);
+      }
     }
   });
 }
@@ -95,7 +148,7 @@ void rows(const W* w, const float* x, const W* bias, Out* y, int64_t out, int64_
 bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias) {
   const auto type = weight.scalar_type();
   if (!weight.device().is_cpu() || !x.device().is_cpu() || weight.dim() != 2) return false;
-  if (x.dim() != 1 && !(x.dim() == 2 && x.size(0) == 1)) return false;
+  if (x.dim() != 1 && !(x.dim() == 2 && x.size(0) >= 1)) return false;
   if ((type != torch::kFloat32 && type != torch::kBFloat16) || x.scalar_type() != type) return false;
   if (!weight.is_contiguous() || x.size(-1) != weight.size(1)) return false;
   if (bias.defined() &&
@@ -111,18 +164,18 @@ torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const 
                 std::to_string(weight.size(0)) + ", " + std::to_string(weight.dim() > 1 ? weight.size(1) : 0) +
                 "] with x " + c10::toString(x.scalar_type()) + " of " + std::to_string(x.numel()) +
                 " elements is not a case matvec_supported() accepts");
-  const int64_t out = weight.size(0), in = weight.size(1);
-  torch::Tensor y = x.dim() == 2 ? torch::empty({1, out}, weight.options()) : torch::empty({out}, weight.options());
+  const int64_t out = weight.size(0), in = weight.size(1), batch = x.dim() == 2 ? x.size(0) : 1;
+  torch::Tensor y = x.dim() == 2 ? torch::empty({batch, out}, weight.options()) : torch::empty({out}, weight.options());
   const torch::Tensor xc = x.contiguous();
   if (weight.scalar_type() == torch::kFloat32) {
     rows(weight.data_ptr<float>(), xc.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
-         y.data_ptr<float>(), out, in);
+         y.data_ptr<float>(), batch, out, in);
   } else {
     auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    std::vector<float> x32(static_cast<size_t>(in));  // bfloat16 widens exactly; no ATen op per call
+    std::vector<float> x32(static_cast<size_t>(batch * in));  // [batch, in]: bfloat16 widens exactly; no ATen op per call
     const uint16_t* xb = bits(xc);
-    for (int64_t i = 0; i < in; ++i) x32[i] = widen(xb[i]);
-    rows(bits(weight), x32.data(), bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), out, in);
+    for (int64_t i = 0; i < batch * in; ++i) x32[i] = widen(xb[i]);
+    rows(bits(weight), x32.data(), bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), batch, out, in);
   }
   return y;
 }

@@ -28,7 +28,7 @@ constexpr int64_t kMatvecMinWeightBytes = int64_t{1} << 20;
 // product: sgemm would pack the whole weight matrix for that single row.
 // Large float32 and bfloat16 weights use matvec(); everything else tiled_linear(), whose
 // numbers, like matvec()'s, do not depend on the thread count.
-torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
+torch::Tensor project_alone(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {}) {
   if (x.dim() == 2 && x.size(0) == 1 && weight.nbytes() >= kMatvecMinWeightBytes &&
       matvec_supported(weight, x, bias))
     return matvec(weight, x, bias);
@@ -150,108 +150,188 @@ torch::Tensor Model::activation(const torch::Tensor& x) const {
   return x;
 }
 
-torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,
-                                     const torch::Tensor& sin, int64_t start,
-                                     AttentionBackend& attention) const {
+torch::Tensor Model::project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                             const RowLayout& rows) const {
+  if (rows.first.size() == 1) return project_alone(x, weight, bias);
+  // The decode rows together when project_alone() gives a single row to matvec(), whose
+  // rows of a batch have the bits of each row alone; every other case per segment.
+  const bool together = rows.decode_rows.defined() && weight.nbytes() >= kMatvecMinWeightBytes &&
+                        matvec_supported(weight, x.narrow(0, 0, 1), bias);
+  if (together && rows.decode_rows.size(0) == rows.total) return matvec(weight, x, bias);
+  const torch::Tensor decoded = together ? matvec(weight, x.index_select(0, rows.decode_rows), bias) : torch::Tensor();
+  std::vector<torch::Tensor> parts;  // [segments]: each [t_i, out]
+  int64_t next_decoded = 0;
+  for (size_t i = 0; i < rows.first.size(); ++i) {
+    if (together && rows.count[i] == 1)
+      parts.push_back(decoded.narrow(0, next_decoded++, 1));
+    else
+      parts.push_back(project_alone(x.narrow(0, rows.first[i], rows.count[i]), weight, bias));
+  }
+  return torch::cat(parts, 0);
+}
+
+torch::Tensor Model::per_segment(const torch::Tensor& x, const RowLayout& rows,
+                                 const std::function<torch::Tensor(const torch::Tensor&, size_t)>& fn) const {
+  if (rows.first.size() == 1) return fn(x, 0);
+  std::vector<torch::Tensor> parts;  // [segments]
+  for (size_t i = 0; i < rows.first.size(); ++i) parts.push_back(fn(x.narrow(0, rows.first[i], rows.count[i]), i));
+  return torch::cat(parts, 0);
+}
+
+torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const std::vector<torch::Tensor>& cos,
+                                     const std::vector<torch::Tensor>& sin, const std::vector<BatchSegment>& segments,
+                                     const RowLayout& rows) const {
   const Slots& w = layers_[layer];
   auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
-  const int64_t t = h.size(0), hd = arch_.head_dim;
+  const int64_t t = h.size(0), hd = arch_.head_dim;  // t: the rows of every segment
   torch::Tensor q, k, v;
   if (arch_.qkv == QkvLayout::FusedPerHead) {
-    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias)).view({t, arch_.n_heads, 3 * hd});
+    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias), rows).view({t, arch_.n_heads, 3 * hd});
     q = qkv.narrow(2, 0, hd);
     k = qkv.narrow(2, hd, hd);
     v = qkv.narrow(2, 2 * hd, hd);
   } else if (arch_.qkv == QkvLayout::FusedRows) {
     const int64_t q_rows = arch_.n_heads * hd, kv_rows = arch_.n_kv_heads * hd;
-    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias));
+    auto qkv = project(h, W(Role::QkvWeight), W(Role::QkvBias), rows);
     q = qkv.narrow(1, 0, q_rows).reshape({t, arch_.n_heads, hd});
     k = qkv.narrow(1, q_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
     v = qkv.narrow(1, q_rows + kv_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
   } else {
-    q = project(h, W(Role::QWeight), W(Role::QBias)).view({t, arch_.n_heads, hd});
-    k = project(h, W(Role::KWeight), W(Role::KBias)).view({t, arch_.n_kv_heads, hd});
-    v = project(h, W(Role::VWeight), W(Role::VBias)).view({t, arch_.n_kv_heads, hd});
+    q = project(h, W(Role::QWeight), W(Role::QBias), rows).view({t, arch_.n_heads, hd});
+    k = project(h, W(Role::KWeight), W(Role::KBias), rows).view({t, arch_.n_kv_heads, hd});
+    v = project(h, W(Role::VWeight), W(Role::VBias), rows).view({t, arch_.n_kv_heads, hd});
   }
   if (W(Role::QNormWeight).defined()) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
-    q = rms_norm(q, W(Role::QNormWeight), arch_.norm_eps);
-    k = rms_norm(k, W(Role::KNormWeight), arch_.norm_eps);
+    q = per_segment(q, rows, [&](const torch::Tensor& x, size_t) { return rms_norm(x, W(Role::QNormWeight), arch_.norm_eps); });
+    k = per_segment(k, rows, [&](const torch::Tensor& x, size_t) { return rms_norm(x, W(Role::KNormWeight), arch_.norm_eps); });
   }
   if (arch_.positions == PositionKind::Rotary) {
-    q = rotate_half(q, cos, sin, arch_.rotary_dim);
-    k = rotate_half(k, cos, sin, arch_.rotary_dim);
+    auto rotate = [&](const torch::Tensor& x, size_t i) { return rotate_half(x, cos[i], sin[i], arch_.rotary_dim); };
+    q = per_segment(q, rows, rotate);
+    k = per_segment(k, rows, rotate);
   }
-  auto out = attention.attend(layer, q.contiguous(), k.contiguous(), v.contiguous(), start);
-  return project(out, W(Role::OWeight), W(Role::OBias));
+  auto out = per_segment(q, rows, [&](const torch::Tensor& segment_q, size_t i) {
+    const int64_t first = rows.first[i], count = rows.count[i];
+    const bool alone = rows.first.size() == 1;
+    return segments[i].attention->attend(layer, segment_q.contiguous(), (alone ? k : k.narrow(0, first, count)).contiguous(),
+                                         (alone ? v : v.narrow(0, first, count)).contiguous(), segments[i].start);
+  });
+  return project(out, W(Role::OWeight), W(Role::OBias), rows);
 }
 
-torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h) const {
+torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h, const RowLayout& rows) const {
   const Slots& w = layers_[layer];
   auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
   if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
-    auto gate_up = project(h, W(Role::GateUpWeight));
+    auto gate_up = project(h, W(Role::GateUpWeight), {}, rows);
     const int64_t F = arch_.intermediate;
-    return project(silu_in_chunks(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight));
+    auto gated = per_segment(gate_up, rows, [&](const torch::Tensor& g, size_t) {
+      return silu_in_chunks(g.narrow(-1, 0, F)) * g.narrow(-1, F, F);
+    });
+    return project(gated, W(Role::DownWeight), {}, rows);
   }
-  if (arch_.mlp == MlpKind::SwiGLU)
-    return project(silu_in_chunks(project(h, W(Role::GateWeight))) * project(h, W(Role::UpWeight)), W(Role::DownWeight));
-  return project(activation(project(h, W(Role::Fc1Weight), W(Role::Fc1Bias))),
-                       W(Role::Fc2Weight), W(Role::Fc2Bias));
+  if (arch_.mlp == MlpKind::SwiGLU) {
+    auto up = project(h, W(Role::UpWeight), {}, rows);
+    auto gated = per_segment(project(h, W(Role::GateWeight), {}, rows), rows, [&](const torch::Tensor& g, size_t i) {
+      return silu_in_chunks(g) * (rows.first.size() == 1 ? up : up.narrow(0, rows.first[i], rows.count[i]));
+    });
+    return project(gated, W(Role::DownWeight), {}, rows);
+  }
+  auto hidden = project(h, W(Role::Fc1Weight), W(Role::Fc1Bias), rows);
+  return project(per_segment(hidden, rows, [&](const torch::Tensor& x, size_t) { return activation(x); }),
+                 W(Role::Fc2Weight), W(Role::Fc2Bias), rows);
 }
 
 torch::Tensor Model::forward(const std::vector<int>& tokens, int64_t start,
                              AttentionBackend& attention) const {
-  torch::NoGradGuard no_grad;
-  const int64_t t = static_cast<int64_t>(tokens.size());
-  for (int id : tokens)
-    if (id < 0 || id >= arch_.vocab)
-      throw Error("token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                  std::to_string(arch_.vocab) + ")");
-  auto G = [&](Role r) -> const torch::Tensor& { return global_[static_cast<int>(r)]; };
-  std::vector<int64_t> ids(tokens.begin(), tokens.end());
-  auto id_tensor = torch::tensor(ids, torch::kLong).to(device_);
-  auto x = G(Role::Embed).index_select(0, id_tensor);
-  if (G(Role::ProjectIn).defined()) x = project(x, G(Role::ProjectIn));
+  return forward_batch({BatchSegment{tokens, start, &attention}}).front();
+}
 
-  torch::Tensor cos, sin;
-  auto positions = torch::arange(start, start + t, torch::kLong);
+std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>& segments) const {
+  torch::NoGradGuard no_grad;
+  if (segments.empty()) return {};
+  RowLayout rows;
+  std::vector<int64_t> ids, decode_rows;  // [total], [one-token segments]
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const BatchSegment& segment = segments[i];
+    if (!segment.attention) throw Error("internal: batch segment " + std::to_string(i) + " has no attention backend");
+    if (segments.size() > 1 && segment.tokens.empty())
+      throw Error("internal: batch segment " + std::to_string(i) + " has no tokens");
+    for (int id : segment.tokens)
+      if (id < 0 || id >= arch_.vocab)
+        throw Error("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                    std::to_string(arch_.vocab) + ")");
+    const int64_t t = static_cast<int64_t>(segment.tokens.size());
+    rows.first.push_back(rows.total);
+    rows.count.push_back(t);
+    if (t == 1) decode_rows.push_back(rows.total);
+    rows.total += t;
+    ids.insert(ids.end(), segment.tokens.begin(), segment.tokens.end());
+  }
+  if (decode_rows.size() >= 2) rows.decode_rows = torch::tensor(decode_rows, torch::kLong).to(device_);
+  auto G = [&](Role r) -> const torch::Tensor& { return global_[static_cast<int>(r)]; };
+  auto id_tensor = torch::tensor(ids, torch::kLong).to(device_);
+  auto x = G(Role::Embed).index_select(0, id_tensor);  // [total, hidden]
+  if (G(Role::ProjectIn).defined()) x = project(x, G(Role::ProjectIn), {}, rows);
+
+  std::vector<torch::Tensor> cos, sin;  // [segments]: each [t_i, 1, rotary_dim]
+  std::vector<torch::Tensor> positions;  // [segments]: each [t_i]
+  for (const BatchSegment& segment : segments) {
+    const int64_t start = segment.start, t = static_cast<int64_t>(segment.tokens.size());
+    positions.push_back(torch::arange(start, start + t, torch::kLong));
+    if (arch_.positions == PositionKind::Learned) {
+      if (start + t + arch_.position_offset > G(Role::PositionEmbed).size(0))
+        throw Error("sequence of " + std::to_string(start + t) + " tokens exceeds the model's " +
+                    std::to_string(arch_.max_positions) + " learned positions");
+    } else {
+      const auto table = inv_freq_.defined() ? inv_freq_.scalar_type() : torch::kFloat32;
+      const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t, table) : inv_freq_;
+      auto freqs = torch::outer(positions.back().to(table), inv_freq);
+      auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
+      cos.push_back(elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.cos(); }).unsqueeze(1).to(device_, dtype_));
+      sin.push_back(elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.sin(); }).unsqueeze(1).to(device_, dtype_));
+    }
+  }
   if (arch_.positions == PositionKind::Learned) {
-    if (start + t + arch_.position_offset > G(Role::PositionEmbed).size(0))
-      throw Error("sequence of " + std::to_string(start + t) + " tokens exceeds the model's " +
-                  std::to_string(arch_.max_positions) + " learned positions");
-    x = x + G(Role::PositionEmbed).index_select(0, (positions + arch_.position_offset).to(device_));
-  } else {
-    const auto table = inv_freq_.defined() ? inv_freq_.scalar_type() : torch::kFloat32;
-    const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t, table) : inv_freq_;
-    auto freqs = torch::outer(positions.to(table), inv_freq);
-    auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
-    cos = elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.cos(); }).unsqueeze(1).to(device_, dtype_);
-    sin = elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.sin(); }).unsqueeze(1).to(device_, dtype_);
+    auto all = positions.size() == 1 ? positions.front() : torch::cat(positions, 0);
+    x = x + G(Role::PositionEmbed).index_select(0, (all + arch_.position_offset).to(device_));
   }
 
-  attention.set_sliding_window(arch_.sliding_window);
+  for (const BatchSegment& segment : segments) segment.attention->set_sliding_window(arch_.sliding_window);
   for (int l = 0; l < arch_.n_layers; ++l) {
     const Slots& w = layers_[l];
     auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
+    auto norm_rows = [&](const torch::Tensor& in, Role weight, Role bias) {
+      return per_segment(in, rows, [&](const torch::Tensor& part, size_t) { return norm(part, W(weight), W(bias)); });
+    };
+    auto attend = [&](const torch::Tensor& h) { return attention_block(l, h, cos, sin, segments, rows); };
     switch (arch_.residual) {
       case ResidualKind::PreNormSequential:
-        x = x + attention_block(l, norm(x, W(Role::AttnNormWeight), W(Role::AttnNormBias)), cos, sin, start, attention);
-        x = x + mlp_block(l, norm(x, W(Role::MlpNormWeight), W(Role::MlpNormBias)));
+        x = x + attend(norm_rows(x, Role::AttnNormWeight, Role::AttnNormBias));
+        x = x + mlp_block(l, norm_rows(x, Role::MlpNormWeight, Role::MlpNormBias), rows);
         break;
       case ResidualKind::PreNormParallel:
-        x = x + attention_block(l, norm(x, W(Role::AttnNormWeight), W(Role::AttnNormBias)), cos, sin, start, attention) +
-            mlp_block(l, norm(x, W(Role::MlpNormWeight), W(Role::MlpNormBias)));
+        x = x + attend(norm_rows(x, Role::AttnNormWeight, Role::AttnNormBias)) +
+            mlp_block(l, norm_rows(x, Role::MlpNormWeight, Role::MlpNormBias), rows);
         break;
       case ResidualKind::PostNorm:
-        x = norm(x + attention_block(l, x, cos, sin, start, attention), W(Role::AttnNormWeight), W(Role::AttnNormBias));
-        x = norm(x + mlp_block(l, x), W(Role::MlpNormWeight), W(Role::MlpNormBias));
+        x = norm_rows(x + attend(x), Role::AttnNormWeight, Role::AttnNormBias);
+        x = norm_rows(x + mlp_block(l, x, rows), Role::MlpNormWeight, Role::MlpNormBias);
         break;
     }
   }
-  if (arch_.has_final_norm) x = norm(x, G(Role::FinalNormWeight), G(Role::FinalNormBias));
-  if (G(Role::ProjectOut).defined()) x = project(x, G(Role::ProjectOut));
+  if (arch_.has_final_norm)
+    x = per_segment(x, rows, [&](const torch::Tensor& part, size_t) {
+      return norm(part, G(Role::FinalNormWeight), G(Role::FinalNormBias));
+    });
+  if (G(Role::ProjectOut).defined()) x = project(x, G(Role::ProjectOut), {}, rows);
   const auto out_type = dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  return project(x, G(Role::LmHead)).to(torch::kCPU, out_type);
+  auto logits = project(x, G(Role::LmHead), {}, rows).to(torch::kCPU, out_type);  // [total, vocab]
+  if (segments.size() == 1) return {logits};
+  std::vector<torch::Tensor> out;  // [segments]: each [t_i, vocab]
+  // Copies, so that a sequence keeping its rows does not keep the whole batch's.
+  for (size_t i = 0; i < segments.size(); ++i) out.push_back(logits.narrow(0, rows.first[i], rows.count[i]).clone());
+  return out;
 }
 
 }  // namespace kvevict

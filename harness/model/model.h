@@ -5,6 +5,7 @@
 #include "harness/model/tensor.h"
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,14 @@ class AttentionBackend {
   int64_t sliding_window_ = 0;
 };
 
+// One sequence's part of a ragged batch (Model::forward_batch): its tokens at positions
+// start .. start+t-1, attended through its own backend (its own cache and policy state).
+struct BatchSegment {
+  std::vector<int> tokens;
+  int64_t start = 0;
+  AttentionBackend* attention = nullptr;
+};
+
 class Model {
  public:
   // Throws kvevict::Error naming the file or tensor at fault. Changes no process-wide
@@ -70,14 +79,34 @@ class Model {
   torch::Tensor forward(const std::vector<int>& tokens, int64_t start,
                         AttentionBackend& attention) const;
 
+  // Several sequences in one pass, as serving engines flatten a batch: their rows are
+  // stacked with no padding, the decode rows (segments of one token) go through each
+  // large projection together (matvec() reads each weight row once for all of them), and
+  // each segment attends through its own backend at its own positions. Everything else
+  // (norms, RoPE, activations, a segment of several tokens) runs per segment with the
+  // ops forward() runs, so segment i's logits [t_i, vocab] have the bits that
+  // forward(tokens_i, start_i, attention_i) gives alone.
+  std::vector<torch::Tensor> forward_batch(const std::vector<BatchSegment>& segments) const;
+
  private:
   using Slots = std::array<torch::Tensor, kRoleCount>;
+  // Where each segment's rows lie in the stacked rows.
+  struct RowLayout {
+    std::vector<int64_t> first, count;  // [segments]
+    torch::Tensor decode_rows;          // [d] long: the rows of one-token segments (undefined if < 2 of them)
+    int64_t total = 0;
+  };
+  torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                        const RowLayout& rows) const;
+  // fn applied to each segment's rows of x, stacked again.
+  torch::Tensor per_segment(const torch::Tensor& x, const RowLayout& rows,
+                            const std::function<torch::Tensor(const torch::Tensor&, size_t)>& fn) const;
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
   torch::Tensor activation(const torch::Tensor& x) const;
-  torch::Tensor attention_block(int layer, const torch::Tensor& h, const torch::Tensor& cos,
-                                const torch::Tensor& sin, int64_t start,
-                                AttentionBackend& attention) const;
-  torch::Tensor mlp_block(int layer, const torch::Tensor& h) const;
+  torch::Tensor attention_block(int layer, const torch::Tensor& h, const std::vector<torch::Tensor>& cos,
+                                const std::vector<torch::Tensor>& sin, const std::vector<BatchSegment>& segments,
+                                const RowLayout& rows) const;
+  torch::Tensor mlp_block(int layer, const torch::Tensor& h, const RowLayout& rows) const;
 
   std::string dir_;
   ArchSpec arch_;

@@ -1,6 +1,8 @@
 // Scoring and generation under an eviction policy, in either execution mode.
 #pragma once
 #include <functional>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,26 @@ struct SequenceScore {
 // The `k` most likely tokens of one row of log-probs [vocab], highest first (ties: lower id).
 std::vector<TokenLogprob> top_logprobs(const double* logprobs, int vocab, int k);
 
+// A sequence's model calls as data, so that a batch can interleave several sequences:
+// next() says which tokens to run, take() reads their logits. run_batched() drives them.
+class BatchStream {
+ public:
+  virtual ~BatchStream() = default;
+  virtual bool done() const = 0;
+  // The segment to run next (not done()); its attention is this stream's own backend.
+  virtual BatchSegment next() = 0;
+  // The logits [t, vocab] of the segment next() gave.
+  virtual void take(const torch::Tensor& logits) = 0;
+};
+
+// Runs make(i) for i in [0, count) with up to batch_size streams in each forward_batch():
+// a stream that is done leaves the batch and the next waiting one joins (continuous
+// batching), its first block running in the same forward as the others' steps.
+// finished(i, stream) is called as stream i ends, in the order they end.
+void run_batched(const Model& model, int count, int batch_size,
+                 const std::function<std::unique_ptr<BatchStream>(int)>& make,
+                 const std::function<void(int, BatchStream&)>& finished);
+
 // Teacher-forced log-probs of `tokens`. The first `prefill_len` tokens run with full
 // attention (0: eviction from the first token, the "stream" protocol). Ratio budgets
 // refer to `budget_length` tokens (0: the whole sequence). With `final_target` >= 0,
@@ -45,6 +67,43 @@ SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode
                              const std::vector<int>& tokens, int prefill_len = 0,
                              int budget_length = 0, int final_target = -1, int first_logprob = 0,
                              int top_k = 0);
+
+// One sequence to score, with score_sequence()'s arguments.
+struct ScoreRequest {
+  std::vector<int> tokens;
+  int prefill_len = 0;
+  int budget_length = 0;
+  int final_target = -1;
+  int first_logprob = 0;
+  int top_k = 0;
+};
+
+// score_sequence() as a stream: the prefill block (or, in sim mode, the whole sequence),
+// then one token at a time in decode mode.
+class ScoreStream : public BatchStream {
+ public:
+  // Checks the request as score_sequence() does (throws kvevict::Error).
+  ScoreStream(const Model& model, const Policy& policy, Mode mode, ScoreRequest request);
+  bool done() const override { return next_ >= pieces_.size(); }
+  BatchSegment next() override { return pieces_.at(next_); }
+  void take(const torch::Tensor& logits) override;
+  SequenceScore result();
+
+ private:
+  ScoreRequest request_;
+  std::unique_ptr<SimAttention> sim_;
+  std::unique_ptr<CacheAttention> cache_;
+  std::vector<BatchSegment> pieces_;  // the model calls, in order
+  size_t next_ = 0;
+  std::vector<torch::Tensor> rows_;   // [pieces taken]: each [t, vocab]
+};
+
+// score_sequence() of every request, up to batch_size at a time (run_batched), longest
+// first as lm-eval orders them; result i equals score_sequence() of request i alone.
+// finished(i) is called as request i ends.
+std::vector<SequenceScore> score_batch(const Model& model, const Policy& policy, Mode mode,
+                                       const std::vector<ScoreRequest>& requests, int batch_size,
+                                       const std::function<void(int)>& finished = {});
 
 struct GenerateOptions {
   int max_new_tokens = 64;
@@ -83,5 +142,44 @@ struct Generation {
 // summarisation convention), without the question when it is fed uncompressed.
 Generation generate(const Model& model, const Policy& policy, const std::vector<int>& prompt,
                     const GenerateOptions& options);
+
+// One generation as a sequence of model calls, so that a batch can interleave several:
+// next() says which tokens to run (the prompt's blocks, then each new token), take()
+// reads their logits and chooses the next token. generate() runs one alone;
+// generate_batch() runs several in one forward_batch() per step. Each owns its cache and
+// its policy's state, so budgets (a ratio of its own prompt) and evictions are its own.
+class GenerationStream : public BatchStream {
+ public:
+  // Checks the prompt and options as generate() does (throws kvevict::Error).
+  GenerationStream(const Model& model, const Policy& policy, std::vector<int> prompt, GenerateOptions options);
+  bool done() const override { return done_; }
+  BatchSegment next() override;
+  void take(const torch::Tensor& logits) override;
+  // The outcome, once done().
+  Generation result();
+
+ private:
+  void choose(const torch::Tensor& row);  // one decode step's choice from the last row's logits
+  const Model& model_;
+  GenerateOptions options_;
+  std::unique_ptr<CacheAttention> attention_;
+  std::vector<BatchSegment> prefill_;  // the prompt's blocks still to run
+  size_t prefill_next_ = 0;
+  std::mt19937_64 rng_;
+  Generation out_;
+  int position_ = 0;  // the position of the next token to run
+  int step_ = 0;
+  bool done_ = false;
+};
+
+// Generates for every prompt (prompts[i] with options[i]) with up to batch_size of them
+// decoding together: a request that stops (EOS, stop string, max tokens) leaves the batch
+// and the next waiting one joins, its prompt running in the same forward as the others'
+// steps (continuous batching). Each result equals generate() of that request alone.
+// finished(i) is called as request i ends (in the order they end).
+std::vector<Generation> generate_batch(const Model& model, const Policy& policy,
+                                       const std::vector<std::vector<int>>& prompts,
+                                       const std::vector<GenerateOptions>& options, int batch_size,
+                                       const std::function<void(int)>& finished = {});
 
 }  // namespace kvevict
