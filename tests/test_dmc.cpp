@@ -258,6 +258,14 @@ TEST_CASE("DMC reproduces tools/ref_dmc.py's golden in float64 and float32, sim 
         CHECK(std::abs(score.kv.dmc_merge_rate[l] - rate) < 1e-15);
       }
     }
+    // The decode cache's memory follows the slots: after a 120-token prefill block each layer
+    // holds its most-slotted head's rows plus the next token's, not the block's 120.
+    CacheAttention block(*model, *policy, shape_for(*model, 120, 120));
+    model->forward(tokens, 0, block);
+    int64_t want_bytes = 0;
+    for (int l = 0; l < 2; ++l) want_bytes += 2 * 4 * (block.cached_tokens(l) + 1) * 16 * (dtype == "float64" ? 8 : 4);
+    CHECK(block.cached_tokens(0) == 66);
+    CHECK(block.held_bytes() == want_bytes);
     // Every decision, per position: the merge state after a sim pass, replayed in decode steps.
     CacheAttention cache(*model, *policy, shape_for(*model, 120, 0));
     for (size_t i = 0; i < tokens.size(); ++i) {

@@ -589,6 +589,16 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
     }
     cache.dmc_slots[h] += n;
   }
+  const int64_t held = *std::max_element(cache.dmc_slots.begin(), cache.dmc_slots.end());
+  if (cache.key_buffer.size(1) > held + 1 + std::max<int64_t>(16, held / 8)) {
+    // Memory follows the slots, not the prefill block that made them: the held rows plus
+    // the next token's.
+    for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
+      auto smaller = torch::zeros({n_kv, held + 1, d}, buffer->options());
+      smaller.narrow(1, 0, held).copy_(buffer->narrow(1, 0, held));
+      *buffer = smaller;
+    }
+  }
   const int64_t peak = record_dmc_stats(stats_, layer, cache.dmc_slots, *dmc_) * 2 * d * element_bytes(k);
   if (peak > cache.peak_bytes) {
     add_full_precision_peak(stats_, peak - cache.peak_bytes);
