@@ -258,14 +258,6 @@ TEST_CASE("DMC reproduces tools/ref_dmc.py's golden in float64 and float32, sim 
         CHECK(std::abs(score.kv.dmc_merge_rate[l] - rate) < 1e-15);
       }
     }
-    // The decode cache's memory follows the slots: after a 120-token prefill block each layer
-    // holds its most-slotted head's rows plus the next token's, not the block's 120.
-    CacheAttention block(*model, *policy, shape_for(*model, 120, 120));
-    model->forward(tokens, 0, block);
-    int64_t want_bytes = 0;
-    for (int l = 0; l < 2; ++l) want_bytes += 2 * 4 * (block.cached_tokens(l) + 1) * 16 * (dtype == "float64" ? 8 : 4);
-    CHECK(block.cached_tokens(0) == 66);
-    CHECK(block.held_bytes() == want_bytes);
     // Every decision, per position: the merge state after a sim pass, replayed in decode steps.
     CacheAttention cache(*model, *policy, shape_for(*model, 120, 0));
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -349,6 +341,28 @@ TEST_CASE("DMC that never merges equals plain attention with D-1 zeroed before a
     for (int l = 0; l < 2; ++l) CHECK(score.kv.kept_per_head[l] == std::vector<int>(4, 120));
     CHECK(score.kv.dmc_merge_rate == std::vector<double>{0, 0});
   }
+}
+
+TEST_CASE("DMC that always merges keeps one slot per head, and the decode cache shrinks to it", "[dmc]") {
+  const auto golden = test::read_json(test::data("golden/dmc_tiny_T120.json"));
+  const std::vector<int> tokens = golden["tokens"].get<std::vector<int>>();
+  const std::string always = patched_model("dmc_always", test::data(kFixture), {{"dmc_init_val", -1e6}});
+  auto model = load(always, "float32");
+  auto policy = full_policy();
+  auto sim = score_sequence(*model, *policy, Mode::Sim, tokens);
+  auto decode = score_sequence(*model, *policy, Mode::Decode, tokens);
+  CHECK(max_diff(sim.next_token_logprob, decode.next_token_logprob) < 1e-5);
+  for (int l = 0; l < 2; ++l) CHECK(sim.kv.kept_per_head[l] == std::vector<int>(4, 1));
+  CHECK(sim.kv.dmc_merge_rate == std::vector<double>{1, 1});
+  // A 120-token prefill block leaves one slot per head: the buffers shrink from the
+  // block's 120 rows to the slot, the next token's row and 16 to grow into.
+  CacheAttention block(*model, *policy, shape_for(*model, 120, 120));
+  model->forward(tokens, 0, block);
+  CHECK(block.cached_tokens(0) == 1);
+  CHECK(block.held_bytes() == 2 * 2 * 4 * (1 + 1 + 16) * 16 * 4);  // layers x K,V x heads x rows x d x float
+  // Decode steps after it grow the rows back only as the slots need.
+  model->forward({7}, 120, block);
+  CHECK(block.held_bytes() == 2 * 2 * 4 * (1 + 1 + 16) * 16 * 4);
 }
 
 TEST_CASE("DMC on a GQA model: sim == decode, slots = tokens - merges", "[dmc]") {

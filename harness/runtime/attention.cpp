@@ -590,11 +590,12 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
     cache.dmc_slots[h] += n;
   }
   const int64_t held = *std::max_element(cache.dmc_slots.begin(), cache.dmc_slots.end());
-  if (cache.key_buffer.size(1) > held + 1 + std::max<int64_t>(16, held / 8)) {
-    // Memory follows the slots, not the prefill block that made them: the held rows plus
-    // the next token's.
+  if (cache.key_buffer.size(1) > 2 * (held + 1) + 16) {
+    // Memory follows the slots, not the prefill block that made them: the held rows and
+    // room to grow. Above what step-by-step doubling leaves, so growing never shrinks back.
+    const int64_t rows = held + 1 + std::max<int64_t>(16, held / 8);
     for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
-      auto smaller = torch::zeros({n_kv, held + 1, d}, buffer->options());
+      auto smaller = torch::zeros({n_kv, rows, d}, buffer->options());
       smaller.narrow(1, 0, held).copy_(buffer->narrow(1, 0, held));
       *buffer = smaller;
     }
