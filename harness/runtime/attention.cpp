@@ -338,6 +338,13 @@ KvStats empty_stats(const Model& model, int n_layers) {
   return stats;
 }
 
+// [t, Hkv, d] -> Hkv views [t, d].
+std::vector<torch::Tensor> per_head(const torch::Tensor& x) {
+  std::vector<torch::Tensor> heads;
+  for (int64_t h = 0; h < x.size(1); ++h) heads.push_back(x.select(1, h));
+  return heads;
+}
+
 // DMC merges a realisable policy's slots under it; eviction over merged slots and a
 // quantized store of them are not implemented, so only the full cache runs.
 void check_dmc_policy(const Policy& policy) {
@@ -396,7 +403,7 @@ torch::Tensor FullAttention::attend_merged(int, const torch::Tensor& q, const to
                                            const torch::Tensor& merges, int64_t start) {
   if (start != 0) throw Error("full attention runs one pass; it cannot continue a DMC sequence");
   if (observer_) throw Error("attention statistics over DMC's merged slots are not implemented");
-  return dmc_block_attention(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), {}, merges);
+  return dmc_block_attention(q, per_head(k), per_head(v), {}, merges);
 }
 
 // ---------------------------------------------------------------------------------
@@ -430,7 +437,7 @@ torch::Tensor SimAttention::attend_merged(int layer, const torch::Tensor& q, con
   for (int64_t h = 0; h < n_kv; ++h) slots[h] = T - merges.select(1, h).sum().item<int64_t>();
   const int64_t total = record_dmc_stats(stats_, layer, slots, *dmc_);
   add_full_precision_peak(stats_, total * 2 * d * element_bytes(k));
-  return dmc_block_attention(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), {}, merges);
+  return dmc_block_attention(q, per_head(k), per_head(v), {}, merges);
 }
 
 // The layer's teacher-forced q, k, v through a quantized cache in the blocks decode mode
@@ -525,6 +532,9 @@ int64_t CacheAttention::held_bytes() const {
     if (cache.quantized) bytes += cache.quantized->held_bytes();
     for (const torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer})
       if (buffer->defined()) bytes += static_cast<int64_t>(buffer->nbytes());
+    for (const auto* buffers : {&cache.dmc_keys, &cache.dmc_values})
+      for (const torch::Tensor& buffer : *buffers)
+        if (buffer.defined()) bytes += static_cast<int64_t>(buffer.nbytes());
   }
   return bytes;
 }
@@ -555,50 +565,52 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
   check_dmc_policy(policy_);
   LayerCache& cache = layers_[layer];
   const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
-  if (start == 0) cache.dmc_slots.assign(n_kv, 0);
+  if (start == 0) {
+    cache.dmc_slots.assign(n_kv, 0);
+    cache.dmc_keys.assign(n_kv, {});
+    cache.dmc_values.assign(n_kv, {});
+  }
   const uint8_t* mp = merges.data_ptr<uint8_t>();
-  // A merge at the block's first token replaces the head's last slot: it is not attended to.
-  for (int64_t h = 0; h < n_kv; ++h)
-    if (mp[h] && cache.dmc_slots[h] > 0) --cache.dmc_slots[h];
-  int64_t most = 0;
-  for (int64_t s : cache.dmc_slots) most = std::max(most, s);
-  if (!cache.key_buffer.defined()) {
-    cache.key_buffer = torch::zeros({n_kv, std::max<int64_t>(most + t, 16), d}, k.options());
-    cache.value_buffer = torch::zeros({n_kv, std::max<int64_t>(most + t, 16), d}, v.options());
-  }
-  reserve_rows(cache.key_buffer, most, most + t);
-  reserve_rows(cache.value_buffer, most, most + t);
-  // Head h's block versions go to rows slots(h) .. slots(h)+t-1, after its held slots.
+  // Head h's buffers [capacity, d] hold its slots in rows 0 .. slots(h)-1, oldest first;
+  // the block's versions go to the rows after them. A merge at the block's first token
+  // replaces the head's last slot, so that row is not attended to and is overwritten.
   for (int64_t h = 0; h < n_kv; ++h) {
-    cache.key_buffer.select(0, h).narrow(0, cache.dmc_slots[h], t).copy_(k.select(1, h));
-    cache.value_buffer.select(0, h).narrow(0, cache.dmc_slots[h], t).copy_(v.select(1, h));
+    int64_t& held = cache.dmc_slots[h];
+    if (mp[h] && held > 0) --held;
+    for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
+      torch::Tensor& buffer = (*buffers)[h];
+      if (!buffer.defined() || buffer.size(0) < held + t) {
+        auto grown = torch::zeros({std::max<int64_t>(2 * (held + t), 16), d}, k.options());
+        if (held > 0) grown.narrow(0, 0, held).copy_(buffer.narrow(0, 0, held));
+        buffer = grown;
+      }
+    }
+    cache.dmc_keys[h].narrow(0, held, t).copy_(k.select(1, h));
+    cache.dmc_values[h].narrow(0, held, t).copy_(v.select(1, h));
   }
-  auto out = dmc_block_attention(q, cache.key_buffer, cache.value_buffer, cache.dmc_slots, merges);
+  auto out = dmc_block_attention(q, cache.dmc_keys, cache.dmc_values, cache.dmc_slots, merges);
   // Each head keeps the block's final versions: a one-token step its only one, a block a
   // subset in order, moved down over the versions that were replaced.
   const std::vector<std::vector<int64_t>> kept = dmc_final_versions(merges);
   for (int64_t h = 0; h < n_kv; ++h) {
+    int64_t& held = cache.dmc_slots[h];
     const int64_t n = static_cast<int64_t>(kept[h].size());
-    if (n < t) {
-      auto rows = (torch::tensor(kept[h], torch::kLong) + cache.dmc_slots[h]).to(k.device());
-      for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
-        auto head = buffer->select(0, h);
-        head.narrow(0, cache.dmc_slots[h], n).copy_(head.index_select(0, rows));
-        head.narrow(0, cache.dmc_slots[h] + n, t - n).zero_();  // unused rows stay finite and zero
+    for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
+      torch::Tensor& buffer = (*buffers)[h];
+      if (n < t) {
+        auto rows = (torch::tensor(kept[h], torch::kLong) + held).to(k.device());
+        buffer.narrow(0, held, n).copy_(buffer.index_select(0, rows));
+        buffer.narrow(0, held + n, t - n).zero_();  // unused rows stay finite and zero
+      }
+      // Memory follows the slots, not the prefill block that made them: the slots and room
+      // to grow, shrunk only above what step-by-step doubling leaves.
+      if (buffer.size(0) > 2 * (held + n + 1) + 16) {
+        auto smaller = torch::zeros({held + n + 1 + std::max<int64_t>(16, (held + n) / 8), d}, buffer.options());
+        smaller.narrow(0, 0, held + n).copy_(buffer.narrow(0, 0, held + n));
+        buffer = smaller;
       }
     }
-    cache.dmc_slots[h] += n;
-  }
-  const int64_t held = *std::max_element(cache.dmc_slots.begin(), cache.dmc_slots.end());
-  if (cache.key_buffer.size(1) > 2 * (held + 1) + 16) {
-    // Memory follows the slots, not the prefill block that made them: the held rows and
-    // room to grow. Above what step-by-step doubling leaves, so growing never shrinks back.
-    const int64_t rows = held + 1 + std::max<int64_t>(16, held / 8);
-    for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
-      auto smaller = torch::zeros({n_kv, rows, d}, buffer->options());
-      smaller.narrow(1, 0, held).copy_(buffer->narrow(1, 0, held));
-      *buffer = smaller;
-    }
+    held += n;
   }
   const int64_t peak = record_dmc_stats(stats_, layer, cache.dmc_slots, *dmc_) * 2 * d * element_bytes(k);
   if (peak > cache.peak_bytes) {

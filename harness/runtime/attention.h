@@ -140,7 +140,10 @@ class CacheAttention : public AttentionBackend {
     std::unique_ptr<PolicyDriver> driver;  // null without a policy
     int64_t peak_bytes = 0;               // with a policy: the largest K+V bytes so far
     std::unique_ptr<QuantizedLayerCache> quantized;  // with --kv-quant: the whole layer's cache
-    std::vector<int64_t> dmc_slots;  // DMC: rows in use per KV head (its slots, oldest first)
+    // DMC: per KV head, its slots (oldest first) in rows 0 .. dmc_slots[h]-1 of
+    // dmc_keys[h] / dmc_values[h] [capacity, head_dim]: heads hold different numbers.
+    std::vector<int64_t> dmc_slots;
+    std::vector<torch::Tensor> dmc_keys, dmc_values;
   };
   torch::Tensor attend_full(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
                             const torch::Tensor& v);

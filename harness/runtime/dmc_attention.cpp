@@ -18,9 +18,10 @@ std::vector<std::vector<int64_t>> dmc_final_versions(const torch::Tensor& merges
   return kept;
 }
 
-torch::Tensor dmc_block_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                                  const std::vector<int64_t>& held, const torch::Tensor& merges) {
-  const int64_t t = q.size(0), hq = q.size(1), d = q.size(2), n_kv = keys.size(0), g = hq / n_kv;
+torch::Tensor dmc_block_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& keys,
+                                  const std::vector<torch::Tensor>& values, const std::vector<int64_t>& held,
+                                  const torch::Tensor& merges) {
+  const int64_t t = q.size(0), hq = q.size(1), d = q.size(2), n_kv = static_cast<int64_t>(keys.size()), g = hq / n_kv;
   const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const auto m = merges.contiguous();
@@ -41,7 +42,7 @@ torch::Tensor dmc_block_attention(const torch::Tensor& q, const torch::Tensor& k
         vp[i * n + n_held + i] = true;
       }
     }
-    const auto head_keys = keys.select(0, h).narrow(0, 0, n), head_values = values.select(0, h).narrow(0, 0, n);
+    const auto head_keys = keys[h].narrow(0, 0, n), head_values = values[h].narrow(0, 0, n);
     // The group's queries [g * t, d], head-major.
     auto queries = q.narrow(1, h * g, g).permute({1, 0, 2}).reshape({g * t, d}).to(acc);
     auto logits = queries.mm(head_keys.to(acc).t()).mul_(scale).view({g, t, n});

@@ -12,13 +12,14 @@
 
 namespace kvevict {
 
-// q [t, Hq, d] (rotated); keys / values [Hkv, rows, d]: KV head h's held slots in rows
+// q [t, Hq, d] (rotated); keys[h] / values[h] [rows, d]: KV head h's held slots in rows
 // 0 .. held[h]-1 (held empty: none), then the block's t slot versions; merges [t, Hkv]
 // uint8 on the CPU. A merge at the block's first token must already have taken the
 // replaced slot out of held. Scores, softmax and values in float32 (float64 for float64).
 // Returns [t, Hq * d] in q's dtype.
-torch::Tensor dmc_block_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                                  const std::vector<int64_t>& held, const torch::Tensor& merges);
+torch::Tensor dmc_block_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& keys,
+                                  const std::vector<torch::Tensor>& values, const std::vector<int64_t>& held,
+                                  const torch::Tensor& merges);
 
 // The slot versions of a block that stay (j is the last token, or token j+1 appended),
 // per KV head: [Hkv] lists of block rows.
