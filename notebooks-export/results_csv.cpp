@@ -349,6 +349,7 @@ const std::vector<ResultColumn>& result_column_table() {
       {"kv_tokens_kept", &R::kv_tokens_kept, Role::measurement},
       {"kv_bytes_peak", &R::kv_bytes_peak, Role::measurement},
       {"kv_bytes_full", &R::kv_bytes_full, Role::measurement},
+      {"dmc_merge_rate", &R::dmc_merge_rate, Role::measurement},
       {"seconds", &R::seconds, Role::measurement},
       {"version", &R::version, Role::provenance},
   };

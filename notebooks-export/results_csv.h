@@ -49,6 +49,8 @@ struct ResultRow {
   std::optional<double> kv_tokens_kept;
   std::optional<std::int64_t> kv_bytes_peak;
   std::optional<std::int64_t> kv_bytes_full;  // the fp16 cache of the tokens held at that peak
+  // A DMC model: the share of merge decisions, mean over layers and KV heads (docs/DMC.md).
+  std::optional<double> dmc_merge_rate;
   std::optional<double> seconds;
   std::string version;
 

@@ -199,6 +199,27 @@ std::vector<Case> cases() {
   config_case("opt heads not dividing hidden", {{"num_attention_heads", 3}}, "num_attention_heads", "models/tiny-random-opt");
   config_case("opt string do_layer_norm_before", {{"do_layer_norm_before", "no"}}, "do_layer_norm_before", "models/tiny-random-opt");
   config_case("phi3 partial_rotary_factor 2", {{"partial_rotary_factor", 2}}, "partial_rotary_factor", "models/tiny-random-phi3");
+  // DMC (docs/DMC.md): a property of LLaMA-family models, two keys, checked before any weight is read.
+  const json dmc_keys = {{"dmc_window_size", 12}, {"dmc_init_val", 5.0}};
+  config_case("opt with dmc_window_size", dmc_keys, "dmc_window_size", "models/tiny-random-opt");
+  config_case("gpt_neox with dmc_init_val", {{"dmc_init_val", 5.0}}, "dmc_init_val", "models/tiny-random-gptneox");
+  config_case("dmc_window_size 0", {{"dmc_window_size", 0}}, "dmc_window_size", "models/tiny-random-llama-dmc");
+  config_case("dmc_window_size 2.5", {{"dmc_window_size", 2.5}}, "dmc_window_size", "models/tiny-random-llama-dmc");
+  config_case("dmc_init_val \"NaN\"", {{"dmc_init_val", "NaN"}}, "dmc_init_val", "models/tiny-random-llama-dmc");
+  config_case("dmc_window_size without dmc_init_val", {{"dmc_init_val", nullptr}}, "dmc_init_val", "models/tiny-random-llama-dmc");
+  config_case("DMC with head_dim 1", {{"head_dim", 1}}, "head_dim", "models/tiny-random-llama-dmc");
+  config_case("qwen3 with DMC keys", dmc_keys, "dmc_window_size", "models/tiny-random-qwen3");
+  c.push_back({"config.json", "dmc_init_val NaN as Python writes it",
+               [](const std::string& d) {
+                 const std::string m = model_dir(d, "m", json::object(), "models/tiny-random-llama-dmc");
+                 std::string text = kvevict::test::read_text(m + "/config.json");
+                 const std::string from = "\"dmc_init_val\": 5.0";
+                 text.replace(text.find(from), from.size(), "\"dmc_init_val\": NaN");
+                 fs::remove(m + "/config.json");
+                 write(m + "/config.json", text);
+                 return "generate --max-new-tokens 1 --model " + m;
+               },
+               {"config.json", "malformed JSON", "dmc_init_val"}});
   c.push_back({"config.json", "config.json not JSON",
                [](const std::string& d) {
                  const std::string m = model_dir(d, "m", json::object());

@@ -277,8 +277,45 @@ std::string number_text(double value) { return format_number(value); }
 
 }  // namespace
 
+std::vector<double> LayerStatistics::dmc_compression() const {
+  std::vector<double> ratios;
+  for (const auto& [tokens, slots] : dmc_tokens_slots)
+    ratios.push_back(slots > 0 ? static_cast<double>(tokens) / static_cast<double>(slots) : 0);
+  return ratios;
+}
+
+namespace {
+
+// DMC: each sequence through the parallel form; the merge state counts each head's slots.
+AttentionAnalysis analyze_dmc(const Model& model, const std::vector<std::vector<int>>& sequences) {
+  AttentionAnalysis out;
+  const ArchSpec& arch = model.arch();
+  out.layers.resize(arch.n_layers);
+  for (auto& layer : out.layers) layer.dmc_tokens_slots.assign(arch.n_kv_heads, {0, 0});
+  out.notes.push_back("DMC model (config.json dmc_window_size " + std::to_string(arch.dmc.window) +
+                      "): per-head compression ratios (tokens / slots) only; the attention statistics "
+                      "over merged slots are not computed");
+  for (const auto& tokens : sequences) {
+    if (tokens.empty()) continue;
+    FullAttention attention;
+    model.forward(tokens, 0, attention);
+    const DmcMergeState& dmc = *attention.dmc_state();
+    for (int l = 0; l < arch.n_layers; ++l)
+      for (int h = 0; h < arch.n_kv_heads; ++h) {
+        out.layers[l].dmc_tokens_slots[h].first += dmc.tokens(l);
+        out.layers[l].dmc_tokens_slots[h].second += dmc.slots(l, h);
+      }
+    out.sequences += 1;
+    out.tokens += static_cast<int64_t>(tokens.size());
+  }
+  return out;
+}
+
+}  // namespace
+
 AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
                                     const AnalyzeOptions& options) {
+  if (model.arch().dmc.enabled()) return analyze_dmc(model, sequences);
   AttentionAnalysis out;
   for (const auto& name : options.recall_policies) {
     PolicyOptions o = options.policy_options;
@@ -316,6 +353,10 @@ nlohmann::json AttentionAnalysis::to_json(const AnalyzeOptions& options) const {
   j["layers"] = nlohmann::json::array();
   for (size_t l = 0; l < layers.size(); ++l) {
     const auto& s = layers[l];
+    if (!s.dmc_tokens_slots.empty()) {
+      j["layers"].push_back({{"layer", l}, {"dmc_compression", s.dmc_compression()}});  // [KV head]: tokens / slots
+      continue;
+    }
     nlohmann::json layer = {{"layer", l},          {"sparsity", s.sparsity()}, {"powerlaw_slope", s.slope()},
                             {"powerlaw_r2", s.r2()}, {"top20_mass", s.top20()}};
     for (int delta : options.persistence_deltas) layer["persistence"][std::to_string(delta)] = s.persistence_at(delta);
@@ -339,6 +380,11 @@ std::string AttentionAnalysis::to_csv(const AnalyzeOptions& options) const {
   };
   for (size_t l = 0; l < layers.size(); ++l) {
     const auto& s = layers[l];
+    if (!s.dmc_tokens_slots.empty()) {
+      const std::vector<double> ratios = s.dmc_compression();
+      for (size_t h = 0; h < ratios.size(); ++h) line(l, std::to_string(h), "dmc_compression", "", "", "", ratios[h]);
+      continue;
+    }
     line(l, "all", "sparsity", "", "", "", s.sparsity());
     line(l, "all", "powerlaw_slope", "", "", "", s.slope());
     line(l, "all", "powerlaw_r2", "", "", "", s.r2());
@@ -368,6 +414,22 @@ std::vector<std::string> AttentionAnalysis::write_plots(const AnalyzeOptions&, c
   std::filesystem::create_directories(dir, error);
   if (error) throw Error(dir + ": cannot create plot directory: " + error.message());
   std::vector<std::pair<std::string, PlotSpec>> plots;
+  if (!layers.empty() && !layers[0].dmc_tokens_slots.empty()) {
+    PlotSpec compression;
+    compression.title = "DMC compression per layer (tokens / cache slots)";
+    compression.x_title = "layer";
+    compression.y_title = "compression ratio";
+    for (size_t h = 0; h < layers[0].dmc_tokens_slots.size(); ++h) {
+      PlotSeries series;
+      series.label = "KV head " + std::to_string(h);
+      for (size_t l = 0; l < layers.size(); ++l)
+        series.points.push_back({static_cast<double>(l), layers[l].dmc_compression()[h], std::nullopt});
+      compression.series.push_back(series);
+    }
+    const std::string path = (std::filesystem::path(dir) / "dmc_compression.svg").string();
+    write_svg(compression, path);
+    return {path};
+  }
 
   PlotSpec sparsity;
   sparsity.title = "Attention sparsity per layer (entries < 1% of the row maximum)";

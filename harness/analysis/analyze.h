@@ -7,6 +7,9 @@
 //     at step t and at step t + delta;
 //   - attention recall: the share of full attention each policy's kept set holds, with
 //     the policy run through the policy driver alongside full attention in every layer.
+// A DMC model (docs/DMC.md) runs its parallel form instead and reports, per layer and KV
+// head, the compression ratio tokens / slots; the attention statistics over merged slots
+// are not computed (a note says so).
 // The model runs with full attention (FullAttention with an observer), which computes
 // each layer in blocks of query rows and hands every block to the analysis before
 // dropping it: memory is O(heads x block x T), never [layers, heads, T, T]. Under a
@@ -51,6 +54,10 @@ struct LayerStatistics {
   std::map<std::string, std::map<double, RecallStatistics>> recall;  // policy -> budget -> stats
   // The longest sequence's accumulated attention sorted descending, mean over heads.
   std::vector<double> rank_profile;
+  // A DMC model: per KV head, tokens and the cache slots they became, summed over sequences.
+  std::vector<std::pair<int64_t, int64_t>> dmc_tokens_slots;
+  // tokens / slots per KV head (empty without DMC).
+  std::vector<double> dmc_compression() const;
 
   double sparsity() const;
   double slope() const;

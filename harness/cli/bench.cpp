@@ -47,6 +47,8 @@ struct StepTime {
   double attention = 1e30;  // of which inside attention (scores, softmax, values, eviction)
   int64_t held_bytes = 0;   // K/V memory the cache held at the end
   int64_t cached_tokens = 0;
+  int64_t slot_bytes = 0;       // the fp16 bytes of the rows the cache holds (KvStats::peak_bytes)
+  double dmc_merge_rate = -1;   // a DMC model: merge decisions, mean over layers and KV heads
 };
 
 // Per decode step after a prefill of `prefill` tokens (compressed to the policy's
@@ -64,6 +66,12 @@ StepTime decode_step_time(const Model& model, const Policy& policy, const std::v
     best.attention = std::min(best.attention, (cache.attention_seconds() - attention_before) / steps);
     best.held_bytes = cache.held_bytes();
     best.cached_tokens = cache.cached_tokens(0);
+    best.slot_bytes = cache.stats().peak_bytes;
+    const auto& rates = cache.stats().dmc_merge_rate;
+    if (!rates.empty()) {
+      best.dmc_merge_rate = 0;
+      for (double rate : rates) best.dmc_merge_rate += rate / rates.size();
+    }
   }
   return best;
 }
@@ -249,8 +257,14 @@ int bench_policies(const BenchArgs& args, const ConfigObject& config) {
   const StepTime full_step = decode_step_time(*model, *full, decode_tokens, decode_T, steps, repeat);
   const StepTime evict_step = decode_step_time(*model, *evicting, decode_tokens, decode_T, steps, repeat);
   const double full_kv = kv_bytes_per_token(arch, model->dtype()) * (decode_T + steps);
-  std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " attention_ms "
-            << full_step.attention * 1e3 << " kv_MiB " << mib(full_kv) << std::endl;
+  std::cout << "decode_step full cache=" << decode_T << " ms " << full_step.total * 1e3 << " tokens_per_s "
+            << 1 / full_step.total << " attention_ms " << full_step.attention * 1e3 << " kv_MiB " << mib(full_kv)
+            << " kv_fp16_held_MiB " << mib(full_step.slot_bytes);
+  if (arch.dmc.enabled())  // DMC's slots: the model merges, the full policy keeps every slot
+    std::cout << " dmc_merge_rate " << full_step.dmc_merge_rate << " kv_fp16_held_of_fp16_full "
+              << percent(full_step.slot_bytes / (static_cast<double>(full_precision_bytes(decode_T + steps, arch.head_dim)) *
+                                                 arch.n_kv_heads * arch.n_layers));
+  std::cout << std::endl;
   std::cout << "decode_step " << decode_policy << " budget " << budget << " ms " << evict_step.total * 1e3
             << " ratio_to_full " << evict_step.total / full_step.total << " attention_ms "
             << evict_step.attention * 1e3 << " attention_ratio_to_full " << evict_step.attention / full_step.attention

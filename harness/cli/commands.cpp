@@ -82,6 +82,7 @@ int run_perplexity(const PerplexityArgs& args) {
     j["kv_bits"] = score.kv.kv_bits;
     j["kv_sliding_window"] = score.kv.sliding_window;  // 0: none
     j["kv_tokens_visible"] = score.kv.visible_per_layer;
+    if (!score.kv.dmc_merge_rate.empty()) j["dmc_merge_rate"] = score.kv.dmc_merge_rate;  // [layer], DMC models
     j["seconds"] = seconds;
     if (args.per_token) j["next_token_logprob"] = score.next_token_logprob;
     std::cout << j.dump() << std::endl;

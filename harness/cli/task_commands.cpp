@@ -156,6 +156,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
     j["kv_tokens_kept"] = result.kv_tokens_kept;
     j["kv_bytes_peak"] = result.kv_bytes_peak;
     j["kv_bytes_full"] = result.kv_bytes_full;
+    if (result.dmc_merge_rate) j["dmc_merge_rate"] = *result.dmc_merge_rate;
     j["kv_bits"] = config.policy_options.kv_quant.bits;
     j["seconds"] = result.seconds;
     std::cout << j.dump() << std::endl;

@@ -22,7 +22,15 @@ struct Usage {
   int requests = 0;
   int64_t peak = 0;
   int64_t peak_full = 0;  // the fp16 bytes of the request with the largest peak
+  double merge_rate_sum = 0;  // DMC: each request's mean over layers
+  int merge_rate_requests = 0;
   void add(const KvStats& kv) {
+    if (!kv.dmc_merge_rate.empty()) {
+      double rate = 0;
+      for (double r : kv.dmc_merge_rate) rate += r;
+      merge_rate_sum += rate / kv.dmc_merge_rate.size();
+      ++merge_rate_requests;
+    }
     double mean = 0;
     for (int k : kv.kept_per_layer) mean += k;
     kept_sum += kv.kept_per_layer.empty() ? 0 : mean / kv.kept_per_layer.size();
@@ -301,6 +309,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   result.kv_tokens_kept = usage.requests ? usage.kept_sum / usage.requests : 0;
   result.kv_bytes_peak = usage.peak;
   result.kv_bytes_full = usage.peak_full;
+  if (usage.merge_rate_requests > 0) result.dmc_merge_rate = usage.merge_rate_sum / usage.merge_rate_requests;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }

@@ -40,6 +40,8 @@ struct EvalResult {
   double kv_tokens_kept = 0;  // mean over requests of the mean over layers, at the end
   int64_t kv_bytes_peak = 0;  // largest over requests
   int64_t kv_bytes_full = 0;  // that request's fp16 cache of the same tokens
+  // A DMC model: the share of merge decisions, mean over requests, layers and KV heads.
+  std::optional<double> dmc_merge_rate;
   double seconds = 0;
   int n = 0;
   std::string haystack;  // long-context tasks: what fills the context

@@ -18,6 +18,7 @@ std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& con
     row.kv_tokens_kept = result.kv_tokens_kept;
     row.kv_bytes_peak = result.kv_bytes_peak;
     row.kv_bytes_full = result.kv_bytes_full;
+    row.dmc_merge_rate = result.dmc_merge_rate;
     row.seconds = result.seconds;
     row.haystack = result.haystack;
     rows.push_back(row);

@@ -10,6 +10,7 @@ ArchSpec describe_gpt_neox(const nlohmann::json& c, const std::string& path, con
   ArchSpec a;
   a.model_type = "gpt_neox";
   read_mha_shape(a, c, path);
+  read_dmc(a, c, path, "DMC is read for the LLaMA family");
   a.intermediate = config_int(c, path, "intermediate_size", 1, kMaxIntermediate);
   a.vocab = config_int(c, path, "vocab_size", 1, kMaxVocab);
   a.max_positions = config_int_or(c, path, "max_position_embeddings", 2048, 1, kMaxPositions);

@@ -168,8 +168,12 @@ ArchSpec describe_llama(const nlohmann::json& c, const std::string& path, const 
   a.positions = PositionKind::Rotary;
   a.qkv = variant.fused ? QkvLayout::FusedRows : QkvLayout::Separate;
 
+  // DMC before RoPE's checks: a DMC head needs its last dimension (head_dim >= 2).
+  a.dmc = read_dmc(a, c, path, variant.qk_norm ? "its per-head q/k norm sits where DMC reads the keys" : "");
   read_rotary(a, c, path, variant);
   read_attention_window(a, c, path, variant);
+  if (a.dmc.enabled() && a.sliding_window > 0)
+    refuse("dmc_window_size with sliding_window " + std::to_string(a.sliding_window), "(DMC slots under a sliding window)");
 
   const bool attention_bias = config_bool_or(c, path, "attention_bias", false);
   if (attention_bias && !variant.reads_attention_bias) refuse("attention_bias true", "");

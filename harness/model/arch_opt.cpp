@@ -18,6 +18,7 @@ ArchSpec describe_opt(const nlohmann::json& c, const std::string& path, const Ha
   ArchSpec a;
   a.model_type = "opt";
   read_mha_shape(a, c, path);
+  read_dmc(a, c, path, "learned positions; DMC is read for the LLaMA family");
   a.intermediate = config_int(c, path, "ffn_dim", 1, kMaxIntermediate);
   a.vocab = config_int(c, path, "vocab_size", 1, kMaxVocab);
   a.max_positions = config_int(c, path, "max_position_embeddings", 1, kMaxPositions);

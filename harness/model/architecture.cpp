@@ -90,6 +90,28 @@ void read_mha_shape(ArchSpec& a, const nlohmann::json& config, const std::string
   a.head_dim = a.hidden / a.n_heads;
 }
 
+DmcSpec read_dmc(const ArchSpec& a, const nlohmann::json& config, const std::string& path,
+                 const std::string& refusal) {
+  const char* kWindow = "dmc_window_size";
+  const char* kInit = "dmc_init_val";
+  const bool has_window = present(config, kWindow), has_init = present(config, kInit);
+  if (!has_window && !has_init) return {};
+  const std::string key = has_window ? kWindow : kInit;
+  if (!refusal.empty())
+    throw Error(path + ": key \"" + key + "\" (DMC) is not implemented for model_type " + a.model_type + " (" +
+                refusal + ")");
+  if (!has_window || !has_init)
+    throw Error(path + ": key \"" + key + "\" (DMC) needs \"" + (has_window ? kInit : kWindow) + "\" too");
+  DmcSpec dmc;
+  dmc.window = config_int(config, path, kWindow, 1, kMaxPositions);
+  dmc.init_val = config_double_or(config, path, kInit, 0, -1e30, 1e30);
+  // The decision and the importance live in the last dimension of each head.
+  if (a.head_dim < 2)
+    throw Error(path + ": key \"" + std::string(kWindow) + "\" (DMC) needs head_dim of at least 2, not " +
+                std::to_string(a.head_dim));
+  return dmc;
+}
+
 int64_t read_rotary_dim(const ArchSpec& a, const nlohmann::json& config, const std::string& path,
                         const std::string& fraction_key, double fallback) {
   const double fraction = config_double_or(config, path, fraction_key, fallback, 0, 1);

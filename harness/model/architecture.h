@@ -44,6 +44,15 @@ struct RopeScaling {
   int64_t original_max_positions = 0;               // llama3
 };
 
+// Dynamic Memory Compression (Nawrot et al. 2024; docs/DMC.md): a retrofitted model merges
+// each KV head's new key/value into its last cache slot or appends a slot, as the last
+// dimension of its pre-RoPE key decides. config.json's dmc_window_size and dmc_init_val.
+struct DmcSpec {
+  int64_t window = 0;   // W: a slot averages at most the last W tokens of its run; 0: DMC off
+  double init_val = 0;  // c: merge when k[D-1] - c > 0; importance sigmoid(q[D-1] + c) + 2^-7
+  bool enabled() const { return window > 0; }
+};
+
 struct ArchSpec {
   std::string model_type;  // "llama", "opt", "gpt_neox"
   int64_t hidden = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -60,6 +69,7 @@ struct ArchSpec {
   RopeScaling rope_scaling;
   int64_t sliding_window = 0;   // > 0: query i sees only keys j > i - sliding_window
   int64_t position_offset = 0;  // OPT's learned positions start at row 2
+  DmcSpec dmc;                  // DMC merging (LLaMA family only)
   bool has_final_norm = true;
   bool tied_head = false;       // lm head = token embedding
   int bos_token_id = -1;        // -1: the model has no BOS
@@ -109,6 +119,12 @@ int config_token_id_or(const nlohmann::json& config, const std::string& path, co
 // config.json's "rope_scaling" (or "rope_parameters"); defined in rope_scaling.cpp, see rope.h.
 RopeScaling read_rope_scaling(const nlohmann::json& config, const std::string& path,
                               const std::vector<std::string>& allowed);
+
+// config.json's DMC keys (dmc_window_size, dmc_init_val: both or neither) for a family that
+// implements DMC; needs a.head_dim. `refusal`, when not empty, is why this model cannot
+// carry them: a DMC key is then an error naming the file and the key.
+DmcSpec read_dmc(const ArchSpec& a, const nlohmann::json& config, const std::string& path,
+                 const std::string& refusal = "");
 
 // The multi-head shape of OPT and GPT-NeoX: hidden_size, num_hidden_layers and
 // num_attention_heads, one KV head per query head, head width hidden / heads (an exact split).

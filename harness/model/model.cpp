@@ -61,6 +61,16 @@ torch::Device parse_device(const std::string& name) {
   throw Error("unknown device \"" + name + "\" (use cpu or cuda)");
 }
 
+torch::Tensor AttentionBackend::attend_merged(int, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                             const torch::Tensor&, int64_t) {
+  throw Error("this attention backend cannot run a DMC model (config.json dmc_window_size)");
+}
+
+DmcMergeState& AttentionBackend::dmc_state(const ArchSpec& arch) {
+  if (!dmc_) dmc_ = std::make_unique<DmcMergeState>(arch);
+  return *dmc_;
+}
+
 bool Model::runs_ops_on_one_thread() const { return arch_.hidden < 256; }
 
 void use_threads_for(const Model& model, int threads) {
@@ -205,6 +215,14 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const st
     q = per_segment(q, rows, [&](const torch::Tensor& x, size_t) { return rms_norm(x, W(Role::QNormWeight), arch_.norm_eps); });
     k = per_segment(k, rows, [&](const torch::Tensor& x, size_t) { return rms_norm(x, W(Role::KNormWeight), arch_.norm_eps); });
   }
+  if (arch_.dmc.enabled()) {  // merged slots before RoPE, per segment (its own merge state)
+    auto out = per_segment(q, rows, [&](const torch::Tensor& segment_q, size_t i) {
+      const int64_t first = rows.first[i], count = rows.count[i];
+      return dmc_attention(layer, segment_q, k.narrow(0, first, count), v.narrow(0, first, count), cos[i], sin[i],
+                           segments[i].start, *segments[i].attention);
+    });
+    return project(out, W(Role::OWeight), W(Role::OBias), rows);
+  }
   if (arch_.positions == PositionKind::Rotary) {
     auto rotate = [&](const torch::Tensor& x, size_t i) { return rotate_half(x, cos[i], sin[i], arch_.rotary_dim); };
     q = per_segment(q, rows, rotate);
@@ -217,6 +235,19 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const st
                                          (alone ? v : v.narrow(0, first, count)).contiguous(), segments[i].start);
   });
   return project(out, W(Role::OWeight), W(Role::OBias), rows);
+}
+
+// DMC (dmc.h): before RoPE the merge state turns q, k, v into the queries and the slots;
+// each slot key is rotated at its token's position, and its dimension D-1, which RoPE
+// filled again from its pair, is zeroed once more.
+torch::Tensor Model::dmc_attention(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& cos, const torch::Tensor& sin, int64_t start,
+                                   AttentionBackend& attention) const {
+  DmcSlots slots = attention.dmc_state(arch_).step(layer, q, k, v, start);
+  auto q_rotated = rotate_half(slots.q, cos, sin, arch_.rotary_dim).contiguous();
+  auto k_rotated = rotate_half(slots.k, cos, sin, arch_.rotary_dim).contiguous();
+  k_rotated.select(2, arch_.head_dim - 1).zero_();
+  return attention.attend_merged(layer, q_rotated, k_rotated, slots.v.contiguous(), slots.merges, start);
 }
 
 torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h, const RowLayout& rows) const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness/model/architecture.h"
+#include "harness/model/dmc.h"
 #include "harness/model/safetensors.h"
 #include "harness/tokenizers/tokenizer.h"
 
@@ -39,8 +40,20 @@ class AttentionBackend {
   void set_sliding_window(int64_t window) { sliding_window_ = window; }
   int64_t sliding_window() const { return sliding_window_; }
 
+  // A DMC model (ArchSpec::dmc): k, v [t, Hkv, d] hold the slot each token leaves as its
+  // KV head's last (the key rotated at the token's position), merges [t, Hkv] (uint8, CPU)
+  // 1 where that slot replaced the head's previous last slot and 0 where it was appended.
+  // Query i attends to every slot its KV head holds after token i. A backend that cannot
+  // hold merged slots refuses (this default).
+  virtual torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                      const torch::Tensor& v, const torch::Tensor& merges, int64_t start);
+  // The sequence's DMC merge state, made at the first call (Model::forward's).
+  DmcMergeState& dmc_state(const ArchSpec& arch);
+  const DmcMergeState* dmc_state() const { return dmc_.get(); }
+
  protected:
   int64_t sliding_window_ = 0;
+  std::unique_ptr<DmcMergeState> dmc_;  // null for a model without DMC
 };
 
 // One sequence's part of a ragged batch (Model::forward_batch): its tokens at positions
@@ -106,6 +119,9 @@ class Model {
   torch::Tensor attention_block(int layer, const torch::Tensor& h, const std::vector<torch::Tensor>& cos,
                                 const std::vector<torch::Tensor>& sin, const std::vector<BatchSegment>& segments,
                                 const RowLayout& rows) const;
+  torch::Tensor dmc_attention(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& cos, const torch::Tensor& sin, int64_t start,
+                              AttentionBackend& attention) const;
   torch::Tensor mlp_block(int layer, const torch::Tensor& h, const RowLayout& rows) const;
 
   std::string dir_;

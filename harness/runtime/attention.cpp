@@ -10,6 +10,7 @@
 #include "harness/model/threads.h"
 #include "harness/runtime/causal_softmax.h"
 #include "harness/runtime/double_exp.h"
+#include "harness/runtime/dmc_attention.h"
 
 namespace kvevict {
 namespace {
@@ -333,7 +334,42 @@ KvStats empty_stats(const Model& model, int n_layers) {
   stats.kept_per_head.assign(n_layers, {});
   stats.visible_per_layer.assign(n_layers, 0);
   stats.sliding_window = model.arch().sliding_window;
+  if (model.arch().dmc.enabled()) stats.dmc_merge_rate.assign(n_layers, 0);
   return stats;
+}
+
+// [t, Hkv, d] -> Hkv views [t, d].
+std::vector<torch::Tensor> per_head(const torch::Tensor& x) {
+  std::vector<torch::Tensor> heads;
+  for (int64_t h = 0; h < x.size(1); ++h) heads.push_back(x.select(1, h));
+  return heads;
+}
+
+// DMC merges a realisable policy's slots under it; eviction over merged slots and a
+// quantized store of them are not implemented, so only the full cache runs.
+void check_dmc_policy(const Policy& policy) {
+  if (policy.options().kv_quant.enabled())
+    throw Error("--kv-quant over a DMC model (config.json dmc_window_size) is not implemented");
+  if (!policy.keeps_everything())
+    throw Error("policy " + policy.name() + " over a DMC model (config.json dmc_window_size) is not implemented; "
+                "DMC runs with --policy full");
+}
+
+// A DMC layer's counts from its slots per KV head (all visible); returns the slots summed
+// over the heads, which never shrink (a merge replaces one), so they are the layer's peak.
+int64_t record_dmc_stats(KvStats& stats, int layer, const std::vector<int64_t>& slots, const DmcMergeState& dmc) {
+  int64_t most = 0, total = 0;
+  stats.kept_per_head[layer].assign(slots.begin(), slots.end());
+  for (int64_t s : slots) {
+    most = std::max(most, s);
+    total += s;
+  }
+  stats.kept_per_layer[layer] = static_cast<int>(most);
+  stats.visible_per_layer[layer] = static_cast<int>(most);
+  // A head's slots never shrink (a merge replaces one), so the layer's peak is now.
+  if (most > stats.max_per_layer[layer]) stats.max_per_layer[layer] = static_cast<int>(most);
+  stats.dmc_merge_rate[layer] = dmc.merge_rate(layer);
+  return total;
 }
 
 }  // namespace
@@ -363,6 +399,13 @@ torch::Tensor FullAttention::attend(int layer, const torch::Tensor& q, const tor
       block_rows_);
 }
 
+torch::Tensor FullAttention::attend_merged(int, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                           const torch::Tensor& merges, int64_t start) {
+  if (start != 0) throw Error("full attention runs one pass; it cannot continue a DMC sequence");
+  if (observer_) throw Error("attention statistics over DMC's merged slots are not implemented");
+  return dmc_block_attention(q, per_head(k), per_head(v), {}, merges);
+}
+
 // ---------------------------------------------------------------------------------
 SimAttention::SimAttention(const Model& model, const Policy& policy, SequenceShape shape)
     : policy_(policy), shape_(shape), stats_(empty_stats(model, shape.n_layers)) {}
@@ -383,6 +426,18 @@ torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torc
   }
   if (policy_.realisable()) return simulate_realisable(layer, q, k, v);
   return simulate_sim_only(layer, q, k, v);
+}
+
+torch::Tensor SimAttention::attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, const torch::Tensor& merges, int64_t start) {
+  if (start != 0) throw Error("sim mode runs one teacher-forced pass; it cannot continue a sequence");
+  check_dmc_policy(policy_);
+  const int64_t T = q.size(0), n_kv = k.size(1), d = q.size(2);
+  std::vector<int64_t> slots(n_kv);
+  for (int64_t h = 0; h < n_kv; ++h) slots[h] = T - merges.select(1, h).sum().item<int64_t>();
+  const int64_t total = record_dmc_stats(stats_, layer, slots, *dmc_);
+  add_full_precision_peak(stats_, total * 2 * d * element_bytes(k));
+  return dmc_block_attention(q, per_head(k), per_head(v), {}, merges);
 }
 
 // The layer's teacher-forced q, k, v through a quantized cache in the blocks decode mode
@@ -467,6 +522,7 @@ CacheAttention::CacheAttention(const Model& model, const Policy& policy, Sequenc
 int64_t CacheAttention::cached_tokens(int layer) const {
   const LayerCache& cache = layers_[layer];
   if (cache.quantized) return cache.quantized->tokens();
+  if (!cache.dmc_slots.empty()) return *std::max_element(cache.dmc_slots.begin(), cache.dmc_slots.end());
   return cache.driver ? cache.driver->max_slots() : cache.size;
 }
 
@@ -476,6 +532,9 @@ int64_t CacheAttention::held_bytes() const {
     if (cache.quantized) bytes += cache.quantized->held_bytes();
     for (const torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer})
       if (buffer->defined()) bytes += static_cast<int64_t>(buffer->nbytes());
+    for (const auto* buffers : {&cache.dmc_keys, &cache.dmc_values})
+      for (const torch::Tensor& buffer : *buffers)
+        if (buffer.defined()) bytes += static_cast<int64_t>(buffer.nbytes());
   }
   return bytes;
 }
@@ -496,6 +555,68 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     cache.driver = std::make_unique<PolicyDriver>(*policy_.as_realisable(), layer, shape_, sliding_window_,
                                                   SlotColumns::CacheRows);
   torch::Tensor out = cache.driver ? attend_evicting(cache, layer, q, k, v, start) : attend_full(cache, layer, q, k, v);
+  attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return out;
+}
+
+torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                            const torch::Tensor& v, const torch::Tensor& merges, int64_t start) {
+  const auto started = std::chrono::steady_clock::now();
+  check_dmc_policy(policy_);
+  LayerCache& cache = layers_[layer];
+  const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
+  if (start == 0) {
+    cache.dmc_slots.assign(n_kv, 0);
+    cache.dmc_keys.assign(n_kv, {});
+    cache.dmc_values.assign(n_kv, {});
+  }
+  const uint8_t* mp = merges.data_ptr<uint8_t>();
+  // Head h's buffers [capacity, d] hold its slots in rows 0 .. slots(h)-1, oldest first;
+  // the block's versions go to the rows after them. A merge at the block's first token
+  // replaces the head's last slot, so that row is not attended to and is overwritten.
+  for (int64_t h = 0; h < n_kv; ++h) {
+    int64_t& held = cache.dmc_slots[h];
+    if (mp[h] && held > 0) --held;
+    for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
+      torch::Tensor& buffer = (*buffers)[h];
+      if (!buffer.defined() || buffer.size(0) < held + t) {
+        auto grown = torch::zeros({std::max<int64_t>(2 * (held + t), 16), d}, k.options());
+        if (held > 0) grown.narrow(0, 0, held).copy_(buffer.narrow(0, 0, held));
+        buffer = grown;
+      }
+    }
+    cache.dmc_keys[h].narrow(0, held, t).copy_(k.select(1, h));
+    cache.dmc_values[h].narrow(0, held, t).copy_(v.select(1, h));
+  }
+  auto out = dmc_block_attention(q, cache.dmc_keys, cache.dmc_values, cache.dmc_slots, merges);
+  // Each head keeps the block's final versions: a one-token step its only one, a block a
+  // subset in order, moved down over the versions that were replaced.
+  const std::vector<std::vector<int64_t>> kept = dmc_final_versions(merges);
+  for (int64_t h = 0; h < n_kv; ++h) {
+    int64_t& held = cache.dmc_slots[h];
+    const int64_t n = static_cast<int64_t>(kept[h].size());
+    for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
+      torch::Tensor& buffer = (*buffers)[h];
+      if (n < t) {
+        auto rows = (torch::tensor(kept[h], torch::kLong) + held).to(k.device());
+        buffer.narrow(0, held, n).copy_(buffer.index_select(0, rows));
+        buffer.narrow(0, held + n, t - n).zero_();  // unused rows stay finite and zero
+      }
+      // Memory follows the slots, not the prefill block that made them: the slots and room
+      // to grow, shrunk only above what step-by-step doubling leaves.
+      if (buffer.size(0) > 2 * (held + n + 1) + 16) {
+        auto smaller = torch::zeros({held + n + 1 + std::max<int64_t>(16, (held + n) / 8), d}, buffer.options());
+        smaller.narrow(0, 0, held + n).copy_(buffer.narrow(0, 0, held + n));
+        buffer = smaller;
+      }
+    }
+    held += n;
+  }
+  const int64_t peak = record_dmc_stats(stats_, layer, cache.dmc_slots, *dmc_) * 2 * d * element_bytes(k);
+  if (peak > cache.peak_bytes) {
+    add_full_precision_peak(stats_, peak - cache.peak_bytes);
+    cache.peak_bytes = peak;
+  }
   attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;
 }

@@ -35,6 +35,9 @@ struct KvStats {
   // window buys nothing.
   int64_t sliding_window = 0;
   std::vector<int> visible_per_layer;  // keys the last query could attend to (most over KV heads)
+  // A DMC model: per layer, the share of merge decisions (alpha = 1) among positions >= 1,
+  // mean over the KV heads; empty otherwise. kept_per_head then counts slots.
+  std::vector<double> dmc_merge_rate;
 };
 
 // Sees each block of query rows of full attention: queries first .. first+rows-1 of
@@ -53,6 +56,9 @@ class FullAttention : public AttentionBackend {
       : observer_(std::move(observer)), block_rows_(block_rows) {}
   torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v, int64_t start) override;
+  // DMC's parallel form over the whole pass (no observer).
+  torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& merges, int64_t start) override;
 
  private:
   AttentionObserver observer_;
@@ -64,6 +70,9 @@ class SimAttention : public AttentionBackend {
   SimAttention(const Model& model, const Policy& policy, SequenceShape shape);
   torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v, int64_t start) override;
+  // DMC: the parallel form (dmc_attention.h) over the teacher-forced pass.
+  torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& merges, int64_t start) override;
   const KvStats& stats() const { return stats_; }
 
  private:
@@ -109,6 +118,9 @@ class CacheAttention : public AttentionBackend {
   // the prefill (shape.prefill_len), since eviction never happens inside a block.
   torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                        const torch::Tensor& v, int64_t start) override;
+  // DMC: real slots; each KV head's rows are its slots in order, the last one replaced by a merge.
+  torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& merges, int64_t start) override;
   const KvStats& stats() const { return stats_; }
   // Rows of K/V the layer holds now (most over its KV heads).
   int64_t cached_tokens(int layer) const;
@@ -128,6 +140,10 @@ class CacheAttention : public AttentionBackend {
     std::unique_ptr<PolicyDriver> driver;  // null without a policy
     int64_t peak_bytes = 0;               // with a policy: the largest K+V bytes so far
     std::unique_ptr<QuantizedLayerCache> quantized;  // with --kv-quant: the whole layer's cache
+    // DMC: per KV head, its slots (oldest first) in rows 0 .. dmc_slots[h]-1 of
+    // dmc_keys[h] / dmc_values[h] [capacity, head_dim]: heads hold different numbers.
+    std::vector<int64_t> dmc_slots;
+    std::vector<torch::Tensor> dmc_keys, dmc_values;
   };
   torch::Tensor attend_full(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
                             const torch::Tensor& v);
