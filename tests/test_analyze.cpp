@@ -393,3 +393,91 @@ TEST_CASE("analyze --block-rows changes how the rows are blocked, not the statis
     CHECK_THAT(r.err, Catch::Contains("--block-rows"));
   }
 }
+
+namespace {
+std::vector<double> doubles_of(const torch::Tensor& t) {
+  const auto flat = t.to(torch::kCPU, torch::kFloat64).contiguous().view(-1);
+  return std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+}
+}  // namespace
+
+TEST_CASE("analyze --kv-quant observes the attention of decode mode's KIVI cache, row by row", "[analyze][kivi]") {
+  ModelOptions options;
+  options.dtype = "float64";
+  const auto model = Model::load(test::data("models/stories260K-hf"), options);
+  const std::vector<int> tokens = test::golden_tokens();
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const SequenceShape shape = shape_for(*model, static_cast<int>(T), 0);
+  for (const auto& [bits, residual] : std::vector<std::pair<int, int>>{{2, 16}, {4, 16}, {2, 256}}) {
+    INFO("bits " << bits << ", R " << residual << ", G 8");
+    KvQuantSpec spec;
+    spec.bits = bits;
+    spec.group = 8;
+    spec.residual = residual;
+    int64_t rows_seen = 0;
+    double worst_row_sum = 0;
+    const auto observed = make_observed_kivi_attention(
+        spec, torch::kFloat64,
+        [&](int, int64_t first, int64_t rows, int64_t n, const torch::Tensor&, const torch::Tensor&,
+            const torch::Tensor& probs) {
+          CHECK(rows == 1);
+          CHECK(n == first + 1);
+          rows_seen += rows;
+          const auto sums = probs.sum(-1).to(torch::kFloat64);
+          worst_row_sum = std::max(worst_row_sum, (sums - 1).abs().max().item<double>());
+        });
+    const auto analysed = model->forward(tokens, 0, *observed);
+    // The same cache as sim mode runs it (checked against the KIVI golden in test_kivi.cpp).
+    PolicyOptions o;
+    o.kv_quant = spec;
+    const auto full = make_policy("full", o);
+    SimAttention sim(*model, *full, shape);
+    const auto simulated = model->forward(tokens, 0, sim);
+    CHECK(test::max_diff(doubles_of(analysed), doubles_of(simulated)) < 1e-9);
+    CHECK(rows_seen == model->arch().n_layers * T);
+    CHECK(worst_row_sum < 1e-12);
+    // R above the length quantizes nothing: the unquantized model's numbers.
+    FullAttention plain;
+    const auto unquantized = model->forward(tokens, 0, plain);
+    const double from_plain = test::max_diff(doubles_of(analysed), doubles_of(unquantized));
+    if (residual >= T)
+      CHECK(from_plain < 1e-9);
+    else
+      CHECK(from_plain > 1e-3);
+  }
+}
+
+TEST_CASE("kvevict analyze --kv-quant: the settings in the JSON, the statistics of the quantized cache",
+          "[analyze][kivi][cli]") {
+  const std::string text = "analyze --text-file " + test::data("text/tinystories_sample.txt") +
+                           " --max-tokens 150 --recall-policies local,h2o --recall-budgets 0.2,0.5";
+  auto plain = test::run_kvevict(text);
+  auto unflushed = test::run_kvevict(text + " --kv-quant kivi --kv-bits 2 --kv-group 8 --kv-residual 256");
+  auto two_bit = test::run_kvevict(text + " --kv-quant kivi --kv-bits 2 --kv-group 8 --kv-residual 16");
+  INFO(plain.err << unflushed.err << two_bit.err);
+  REQUIRE(plain.exit_code == 0);
+  REQUIRE(unflushed.exit_code == 0);
+  REQUIRE(two_bit.exit_code == 0);
+  auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(unflushed.out),
+       c = nlohmann::json::parse(two_bit.out);
+  CHECK(a["kv_quant"] == "none");
+  CHECK(c["kv_quant"] == "kivi");
+  CHECK(c["kv_bits"] == 2);
+  CHECK(c["kv_group"] == 8);
+  CHECK(c["kv_residual"] == 16);
+  std::vector<double> na, nb, nc;
+  for (auto* analysis : {&a, &b, &c})
+    for (const char* key : {"kv_quant", "kv_bits", "kv_group", "kv_residual"}) analysis->erase(key);
+  collect_numbers(a, na);
+  collect_numbers(b, nb);
+  collect_numbers(c, nc);
+  CHECK(na.size() > 50);
+  CHECK(test::max_diff(na, nb) < 1e-5);  // nothing flushed: the unquantized statistics
+  CHECK(test::max_diff(na, nc) > 1e-3);  // 2-bit keys and values move them
+  auto bad_group = test::run_kvevict(text + " --kv-quant kivi --kv-group 3 --kv-residual 9");
+  CHECK(bad_group.exit_code == 1);
+  CHECK_THAT(bad_group.err, Catch::Contains("--kv-group"));
+  auto bad_bits = test::run_kvevict(text + " --kv-quant kivi --kv-bits 3");
+  CHECK(bad_bits.exit_code == 1);
+  CHECK_THAT(bad_bits.err, Catch::Contains("--kv-bits"));
+}

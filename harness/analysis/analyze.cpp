@@ -6,10 +6,12 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/kv_quant.h"
 #include "harness/runtime/attention.h"
 #include "harness/runtime/policy_driver.h"
 #include "harness/runtime/scorer.h"
@@ -273,6 +275,57 @@ class SequenceAnalyzer {
   std::vector<char> visible_;  // [hkv][rows][width]: the slots each query of a recall run saw
 };
 
+// The model's attention over a KIVI-quantized cache (harness/common/kv_quant.h) in the
+// stream protocol, row by row as decode mode computes it: query i attends to every key and
+// value as the cache holds them at step i (quantized groups dequantized, the residual at
+// full precision), and each row's logits and probabilities go to the observer, so every
+// statistic is of the attention the quantized model computes. Scalar is the accumulation
+// type (float, or double for a float64 model), as in the decode cache.
+template <typename Scalar>
+class QuantizedObservedAttention final : public AttentionBackend {
+ public:
+  QuantizedObservedAttention(const KvQuantSpec& spec, AttentionObserver observer)
+      : spec_(spec), observer_(std::move(observer)) {}
+
+  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       int64_t start) override {
+    if (start != 0) throw Error("analyze runs one teacher-forced pass; it cannot continue a sequence");
+    const torch::ScalarType acc = std::is_same<Scalar, double>::value ? torch::kFloat64 : torch::kFloat32;
+    const int64_t T = q.size(0), hq = q.size(1), hkv = k.size(1), d = q.size(2), group = hq / hkv;
+    const torch::Tensor queries = q.to(torch::kCPU, acc).contiguous().view({T, hkv, group, d});
+    const torch::Tensor keys_in = k.to(torch::kCPU, acc).contiguous(), values_in = v.to(torch::kCPU, acc).contiguous();
+    const Scalar* key_rows = keys_in.template data_ptr<Scalar>();      // [T][Hkv][d]
+    const Scalar* value_rows = values_in.template data_ptr<Scalar>();  // [T][Hkv][d]
+    std::vector<KvHeadStore<Scalar>> stores;
+    for (int64_t h = 0; h < hkv; ++h) stores.emplace_back(spec_, static_cast<int>(d));
+    std::vector<int> row_of(T);  // nothing is evicted: position p is row p
+    for (int64_t p = 0; p < T; ++p) row_of[p] = static_cast<int>(p);
+    torch::Tensor keys = torch::zeros({hkv, T, d}, acc), values = torch::zeros({hkv, T, d}, acc);  // as the cache holds them
+    torch::Tensor out = torch::empty({T, hkv, group, d}, acc);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const int64_t window = sliding_window_;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t n = i + 1;
+      for (int64_t h = 0; h < hkv; ++h) {
+        stores[h].append(static_cast<int>(i), key_rows + (i * hkv + h) * d, value_rows + (i * hkv + h) * d);
+        stores[h].dequantize_all(row_of, keys[h].template data_ptr<Scalar>(), values[h].template data_ptr<Scalar>());
+      }
+      // [Hkv, group, n]: query i against keys 0 .. i.
+      torch::Tensor logits = torch::bmm(queries[i], keys.narrow(1, 0, n).transpose(1, 2)).mul_(scale);
+      if (window > 0 && n > window) logits.narrow(2, 0, n - window).fill_(-std::numeric_limits<double>::infinity());
+      const torch::Tensor probs = torch::softmax(logits, -1);
+      out[i].copy_(torch::bmm(probs, values.narrow(1, 0, n)));
+      observer_(layer, i, 1, n, k, logits.view({hq, 1, n}), probs.view({hq, 1, n}));
+      for (auto& store : stores) store.after_attention(static_cast<int>(i), /*prefill_len=*/0);
+    }
+    return out.view({T, hq * d}).to(q.scalar_type());
+  }
+
+ private:
+  KvQuantSpec spec_;
+  AttentionObserver observer_;
+};
+
 std::string number_text(double value) { return format_number(value); }
 
 }  // namespace
@@ -313,6 +366,12 @@ AttentionAnalysis analyze_dmc(const Model& model, const std::vector<std::vector<
 
 }  // namespace
 
+std::unique_ptr<AttentionBackend> make_observed_kivi_attention(const KvQuantSpec& spec, torch::ScalarType dtype,
+                                                              AttentionObserver observer) {
+  if (dtype == torch::kFloat64) return std::make_unique<QuantizedObservedAttention<double>>(spec, std::move(observer));
+  return std::make_unique<QuantizedObservedAttention<float>>(spec, std::move(observer));
+}
+
 AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
                                     const AnalyzeOptions& options) {
   if (model.arch().dmc.enabled()) return analyze_dmc(model, sequences);
@@ -332,11 +391,18 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
     if (tokens.empty()) continue;
     const SequenceShape shape = shape_for(model, static_cast<int>(tokens.size()), 0);
     SequenceAnalyzer analyzer(options, out, s == longest, shape, model.arch().sliding_window);
-    FullAttention attention(
-        [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& logits,
-            const torch::Tensor& probs) { analyzer.block(layer, first, rows, n, k, logits, probs); },
-        std::max(1, options.block_rows));
-    model.forward(tokens, 0, attention);
+    const AttentionObserver observer = [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k,
+                                           const torch::Tensor& logits, const torch::Tensor& probs) {
+      analyzer.block(layer, first, rows, n, k, logits, probs);
+    };
+    const KvQuantSpec& kv_quant = options.policy_options.kv_quant;
+    if (!kv_quant.enabled()) {
+      FullAttention attention(observer, std::max(1, options.block_rows));
+      model.forward(tokens, 0, attention);
+    } else {
+      const auto attention = make_observed_kivi_attention(kv_quant, model.dtype(), observer);
+      model.forward(tokens, 0, *attention);
+    }
     analyzer.finish();
     out.sequences += 1;
     out.tokens += static_cast<int64_t>(tokens.size());

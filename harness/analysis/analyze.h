@@ -16,11 +16,13 @@
 // sliding window only the keys a query sees count.
 #pragma once
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "harness/model/model.h"
+#include "harness/runtime/attention.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -80,6 +82,12 @@ struct AttentionAnalysis {
 };
 
 // Runs `model` with full attention over each sequence and collects the statistics.
+// The attention backend analyze runs with --kv-quant: the model's attention over a KIVI
+// cache in the stream protocol, row by row as decode mode computes it, each row's scaled
+// logits and probabilities handed to observer (first = the row's position, rows = 1).
+std::unique_ptr<AttentionBackend> make_observed_kivi_attention(const KvQuantSpec& spec, torch::ScalarType dtype,
+                                                              AttentionObserver observer);
+
 AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
                                     const AnalyzeOptions& options);
 

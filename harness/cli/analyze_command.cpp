@@ -63,6 +63,7 @@ void add_analyze_flags(CLI::App& cmd, AnalyzeArgs& a) {
       ->check(cli::at_least(1))
       ->capture_default_str();
   add_policy_param_flags(cmd, o.policy_options.params);  // for the recall policies
+  add_kv_quant_flags(cmd, o.policy_options.kv_quant);    // the model's own cache
   cmd.add_option("--out", a.out, "write analysis.json, analysis.csv and plots/*.svg here");
   cmd.add_option("--config", a.config,
                  "run every entry of a config's \"analyze\" list (see configs/paper_observations.json) "
@@ -140,13 +141,25 @@ int analyze_once(const AnalyzeArgs& a, const std::string& data_override) {
   if (!a.out.empty()) check_output_folder(a.out, "--out");
   for (const auto& name : options.recall_policies) make_policy(name, options.policy_options);  // unknown names fail here
   const std::string model_dir = a.model.empty() ? data_path("models/stories260K-hf", data_override) : a.model;
+  const KvQuantSpec& kv_quant = options.policy_options.kv_quant;
+  check_kv_quant_spec(kv_quant);
   auto model = Model::load(model_dir, a.runtime);
   use_threads_for(*model, a.runtime.threads);
+  if (kv_quant.enabled()) {
+    check_kv_quant_head_dim(kv_quant, model->arch().head_dim);
+    if (model->arch().dmc.enabled()) throw Error("analyze: --kv-quant cannot quantize a DMC model's merged slots");
+  }
   const auto sequences = analyze_sequences(*model, a, data_dir(data_override));
   const AttentionAnalysis analysis = analyze_attention(*model, sequences, options);
   nlohmann::json j = analysis.to_json(options);
   j["model"] = model_dir;
   j["source"] = !a.text_file.empty() ? a.text_file : !a.tokens_file.empty() ? a.tokens_file : "task:" + a.task;
+  j["kv_quant"] = kv_quant_method(kv_quant);
+  if (kv_quant.enabled()) {
+    j["kv_bits"] = kv_quant.bits;
+    j["kv_group"] = kv_quant.group;
+    j["kv_residual"] = kv_quant.residual;
+  }
   if (!a.out.empty()) {
     fs::create_directories(a.out);
     write_file_atomically((fs::path(a.out) / "analysis.json").string(), j.dump(2) + "\n");

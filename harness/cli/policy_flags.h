@@ -15,6 +15,27 @@ namespace kvevict {
 // One flag per parameter any policy declares (--n-sink, --window, --kernel, --pooling,
 // --policy-seed, --stride, --summary, --group-reduce, --pyramid-beta, ...), checked
 // against its declaration as it is parsed.
+// The cache's quantization (harness/common/kv_quant.h). CLI11 runs the callbacks in this
+// order, so --kv-quant kivi sees --kv-bits (2 when not given).
+inline void add_kv_quant_flags(CLI::App& app, KvQuantSpec& spec) {
+  app.add_option("--kv-bits", spec.bits, "bits per cached key/value element with --kv-quant kivi: 2 or 4")
+      ->default_str("2");
+  app.add_option("--kv-group", spec.group, "KIVI group size G (keys: G tokens of a channel; values: G channels)")
+      ->capture_default_str();
+  app.add_option("--kv-residual", spec.residual, "KIVI full-precision residual R, a multiple of G")
+      ->capture_default_str();
+  app.add_option_function<std::string>(
+      "--kv-quant",
+      [&spec](const std::string& method) {
+        try {
+          set_kv_quant_method(spec, method);
+        } catch (const Error& e) {
+          throw CLI::ValidationError(e.what());
+        }
+      },
+      "KV-cache quantization: none or kivi");
+}
+
 inline void add_policy_param_flags(CLI::App& app, PolicyParams& params) {
   for (const ParamSpec* spec : all_policy_params()) {
     app.add_option_function<std::string>(
@@ -47,24 +68,7 @@ struct PolicyFlags {
     app.add_option("--heavy-ratio", options.budget.heavy_ratio, "the paper's heavy-hitter ratio of the length");
     app.add_option("--recent-ratio", options.budget.recent_ratio, "the paper's recent-window ratio of the length");
     add_policy_param_flags(app, options.params);
-    // The cache's quantization (harness/common/kv_quant.h). CLI11 runs the callbacks in
-    // this order, so --kv-quant kivi sees --kv-bits (2 when not given).
-    app.add_option("--kv-bits", options.kv_quant.bits, "bits per cached key/value element with --kv-quant kivi: 2 or 4")
-        ->default_str("2");
-    app.add_option("--kv-group", options.kv_quant.group, "KIVI group size G (keys: G tokens of a channel; values: G channels)")
-        ->capture_default_str();
-    app.add_option("--kv-residual", options.kv_quant.residual, "KIVI full-precision residual R, a multiple of G")
-        ->capture_default_str();
-    app.add_option_function<std::string>(
-        "--kv-quant",
-        [this](const std::string& method) {
-          try {
-            set_kv_quant_method(options.kv_quant, method);
-          } catch (const Error& e) {
-            throw CLI::ValidationError(e.what());
-          }
-        },
-        "KV-cache quantization: none or kivi");
+    add_kv_quant_flags(app, options.kv_quant);
     app.add_option("--kv-memory", options.kv_quant.memory,
                    "cache budget in bytes as a fraction of the fp16 cache, in (0, 1]: picks the token budget");
   }
