@@ -5,20 +5,12 @@
 
 #include "harness/common/config_reader.h"
 #include "harness/common/errors.h"
+#include "tests/test_support.h"
 
 using kvevict::ConfigObject;
 using nlohmann::json;
 
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const kvevict::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using kvevict::test::error_of;
 
 TEST_CASE("a config object refuses undeclared keys and names bad values", "[config]") {
   const json value = json::parse(R"({"tokens": 64, "name": "x", "ratio": 0.5, "list": [1, 2], "off": null})");

@@ -30,20 +30,13 @@ using namespace kvevict;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using kvevict::test::error_of;
+
 namespace {
 
 using test::max_diff;
 
 const char* kFixture = "models/tiny-random-llama-dmc";
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::unique_ptr<Policy> full_policy() { return make_policy("full", PolicyOptions{}); }
 

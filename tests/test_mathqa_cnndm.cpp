@@ -24,6 +24,8 @@
 
 using namespace kvevict;
 
+using kvevict::test::error_of;
+
 namespace {
 
 TaskOptions real_data() {
@@ -40,16 +42,6 @@ std::vector<MultipleChoiceDoc> mathqa_in_file_order(TaskOptions options = real_d
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A MathQA item in the official file's layout.

@@ -14,18 +14,11 @@
 
 using namespace kvevict;
 
+using kvevict::test::error_of;
+
 namespace {
 
 using test::max_diff;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 

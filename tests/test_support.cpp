@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "harness/common/data_dir.h"
+#include "harness/common/errors.h"
 #include "harness/model/model.h"
 
 namespace kvevict::test {
@@ -46,6 +47,15 @@ const Model& stories() {
 
 std::vector<int> golden_tokens() {
   return read_json(data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 std::string temp_dir(const std::string& name) {

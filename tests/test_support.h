@@ -1,5 +1,6 @@
 // Helpers shared by the tests: where the real data is, reading JSON, running the CLI.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -19,6 +20,8 @@ std::string read_text(const std::string& path);
 const Model& stories();
 // The 200 tokens of golden/stories260K_tinystories_T200.json (BOS + the sample text).
 std::vector<int> golden_tokens();
+// The message of the kvevict::Error fn throws ("" when it throws none).
+std::string error_of(const std::function<void()>& fn);
 // A fresh empty temporary directory for one test.
 std::string temp_dir(const std::string& name);
 

@@ -23,6 +23,8 @@
 
 using namespace kvevict;
 
+using kvevict::test::error_of;
+
 namespace {
 
 TaskOptions real_data(int shots) {
@@ -44,16 +46,6 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 // Runs `fn` and returns the kvevict::Error message it throws ("" if none).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 const char* kCopaLine =
     R"({"premise": "The man turned on the faucet.", "choice1": "The toilet filled with water.", )"
     R"("choice2": "Water flowed from the spout.", "question": "effect", "label": 1, "idx": 0})";
