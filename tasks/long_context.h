@@ -164,6 +164,10 @@ const Essay& xsum_essay(const std::string& data_dir);  // read once per data fol
 // bracket. A stand-in for NLTK's punkt, which RULER uses.
 bool ends_sentence(const std::string& word, const std::string& next);
 
+// RULER's noise haystack unit (niah "noise" and variable tracking): one repeated paragraph.
+inline constexpr const char* kNoiseParagraph =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+
 // The depths RULER draws needle positions from: round(linspace(0, 100, 40)), percent.
 const std::vector<int>& ruler_depths();
 

@@ -38,8 +38,6 @@ struct NiahConfig {
   int queries = 1;  // num_needle_q: keys asked for
 };
 
-const char* const kNoise = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
-
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
     text.replace(at, from.size(), to);
@@ -133,7 +131,7 @@ class RulerNiah : public LongContextRecipe {
       PythonRandom haystack_rng = stream(seed, "haystack");
       for (int u = 0; u < units; ++u) {
         if (config_.haystack == Haystack::Noise) {
-          pieces.push_back({kNoise});
+          pieces.push_back({kNoiseParagraph});
           continue;
         }
         std::string key = draw(haystack_rng, config_.key);

@@ -22,7 +22,6 @@ namespace {
 
 using namespace long_context;
 
-const char* const kNoise = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
 const char* const kUppercase = "ABCDEFGHIJKLMNOPQRSTUVWXYZ";
 constexpr int kHops = 4;
 constexpr int kExampleTokens = 500;  // RULER fits its example to max_seq_length=500
@@ -52,7 +51,7 @@ struct VtText {
 };
 
 VtText write_vt(const Chain& chain, PythonRandom& position_rng, int units) {
-  std::vector<std::string> lines(static_cast<size_t>(units), kNoise);
+  std::vector<std::string> lines(static_cast<size_t>(units), kNoiseParagraph);
   std::vector<size_t> positions = position_rng.sample(static_cast<size_t>(units), chain.lines.size());
   std::sort(positions.begin(), positions.end());
   std::vector<Needle> needles(chain.lines.size());

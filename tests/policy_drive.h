@@ -11,6 +11,16 @@
 
 namespace kvevict::test {
 
+inline SequenceShape sequence_shape(int length, int prefill, int n_q = 1, int n_kv = 1, int layers = 1) {
+  SequenceShape shape;
+  shape.length = length;
+  shape.prefill_len = prefill;
+  shape.n_layers = layers;
+  shape.n_q_heads = n_q;
+  shape.n_kv_heads = n_kv;
+  return shape;
+}
+
 // out[s]: what query head `q_head` attends at query `step` over its KV head's slots at
 // `positions` (visible: the pattern's mask, null when every slot is seen).
 using AttentionFn = std::function<void(int q_head, int step, const std::vector<int>& positions,

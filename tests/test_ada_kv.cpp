@@ -15,9 +15,7 @@
 #include "tests/compare.h"
 #include "tests/policy_drive.h"
 #include "tests/test_support.h"
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 

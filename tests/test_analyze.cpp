@@ -17,9 +17,7 @@
 #include "tests/policy_drive.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 

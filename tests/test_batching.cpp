@@ -21,12 +21,12 @@
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/tensor_support.h"
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
+
+using kvevict::test::same_bits;
 
 namespace {
 
@@ -49,10 +49,6 @@ std::unique_ptr<Policy> policy_at(const std::string& name, double ratio) {
   PolicyOptions options;
   if (name != reference_policy_name()) options.budget.ratio = ratio;
   return make_policy(name, options);
-}
-
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && torch::equal(a, b);
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {

@@ -9,12 +9,12 @@
 #include "harness/runtime/causal_softmax.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/tensor_support.h"
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
+
+using kvevict::test::ThreadCountGuard;
 
 namespace {
 
@@ -22,17 +22,12 @@ namespace {
 // returns follows the operand order the compiler picks for a commutative op (ATen's
 // release build and this project's -O1 sanitizer build pick differently), not the
 // arithmetic. Every other value, -0 and +0 included, must match bit for bit.
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+bool same_bits_and_nans(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.sizes() != b.sizes()) return false;
   const auto a_nan = torch::isnan(a), b_nan = torch::isnan(b);
   return torch::equal(a_nan, b_nan) && torch::equal(a.masked_fill(a_nan, 0).contiguous().view(torch::kInt32),
                                                     b.masked_fill(b_nan, 0).contiguous().view(torch::kInt32));
 }
-
-struct ThreadCountGuard {
-  int saved = at::get_num_threads();
-  ~ThreadCountGuard() { set_thread_count(saved); }
-};
 
 // The loop's answer (taken wherever ATen runs its AVX2 kernels) against ATen's, on
 // copies of the same logits.
@@ -40,7 +35,7 @@ void check_against_aten(const torch::Tensor& logits, const CausalRows& mask) {
   auto loop = logits.clone(), aten = logits.clone();
   REQUIRE(causal_softmax_in_place(loop, mask));
   const auto expected = causal_softmax_aten(aten, mask);
-  CHECK(same_bits(loop, expected));
+  CHECK(same_bits_and_nans(loop, expected));
 }
 
 constexpr const char* kNotOnAvx2 =

@@ -5,8 +5,6 @@
 
 #include "tasks/metrics.h"
 #include "tests/test_support.h"
-#undef CHECK
-#undef CHECK_EQ
 #include <catch2/catch.hpp>
 
 using namespace kvevict;

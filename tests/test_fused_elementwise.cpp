@@ -4,21 +4,15 @@
 
 #include "harness/model/fused_elementwise.h"
 #include "harness/model/threads.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/tensor_support.h"
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 
-namespace {
+using kvevict::test::ThreadCountGuard;
+using kvevict::test::same_bits;
 
-// Equal bit patterns, not only equal values (-0 and +0 differ here).
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  const auto bits = a.scalar_type() == torch::kFloat32 ? torch::kInt32 : torch::kInt16;
-  return torch::equal(a.contiguous().view(bits), b.contiguous().view(bits));
-}
+namespace {
 
 // Normal values over several scales, so bfloat16 rounds in every way: rows of tiny,
 // ordinary and large magnitudes.
@@ -29,11 +23,6 @@ torch::Tensor spread_values(at::IntArrayRef shape, torch::ScalarType dtype) {
   view[0] = x.size(0);
   return (x * scale.view(view)).to(dtype);
 }
-
-struct ThreadCountGuard {
-  int saved = at::get_num_threads();
-  ~ThreadCountGuard() { set_thread_count(saved); }
-};
 
 }  // namespace
 

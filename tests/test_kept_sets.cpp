@@ -24,16 +24,6 @@ namespace {
 
 using Positions = std::vector<int>;
 
-SequenceShape make_shape(int length, int prefill, int n_q = 1, int n_kv = 1, int layers = 1) {
-  SequenceShape shape;
-  shape.length = length;
-  shape.prefill_len = prefill;
-  shape.n_layers = layers;
-  shape.n_q_heads = n_q;
-  shape.n_kv_heads = n_kv;
-  return shape;
-}
-
 // A budget of `tokens` tokens; heavy_share < 0: the policy's default.
 PolicyOptions token_budget(int tokens, double heavy_share = -1) {
   PolicyOptions o;
@@ -133,7 +123,7 @@ TEST_CASE("h2o keeps the keys with the most accumulated attention plus the recen
   // Query i puts all its attention on one key: the counts below are the scores.
   //   query:  0 1 2 3 4 5 6 7
   //   key:    0 1 1 1 2 4 6 6     -> scores k0 1, k1 3, k2 1, k3 0, k4 1, k5 0, k6 2, k7 0
-  const SequenceShape shape = make_shape(8, 8);
+  const SequenceShape shape = test::sequence_shape(8, 8);
   const int target[] = {0, 1, 1, 1, 2, 4, 6, 6};
   const Weight weight = one_hot([&](int i) { return target[i]; });
   auto kept = [&](double share) {
@@ -155,7 +145,7 @@ TEST_CASE("h2o evicting one key per step: each step's slots by hand, a tie goes 
   //   step 4: target 4 (itself); candidates k0 3, k2 0: k2 goes.     step 5: k3 (0) goes.
   //   step 6: k4 has 3 (queries 4, 5, 6) = k0's 3: the older, k0, goes.
   //   step 7: candidates k4 3, k5 0: k5 goes.
-  const SequenceShape shape = make_shape(8, 0);
+  const SequenceShape shape = test::sequence_shape(8, 0);
   const int target[] = {0, 0, 1, 0, 4, 4, 4, 7};
   auto policy = make_policy("h2o", token_budget(3));
   const test::LayerTrace trace = run(*policy, shape, [&](int, int i, int j) {
@@ -176,7 +166,7 @@ TEST_CASE("h2o under GQA: a KV head ranks its query heads' attention by mean or 
   //   head 0: k1 .6, k2 .4     head 1: k3 .6, k2 .4     heads 2 and 3: k0 1
   // KV 0 by mean: k1 1.3, k2 1.4, k3 1.3: k2.  By max: k1 1.6, k2 1.4, k3 1.6: the newer, k3.
   // KV 1: k0 2 either way. Key 5 has 0.
-  const SequenceShape shape = make_shape(6, 6, 4, 2);
+  const SequenceShape shape = test::sequence_shape(6, 6, 4, 2);
   const Weight weight = [](int h, int i, int j) {
     if (i < 5) return j == i ? 1.0 : 0.0;
     const std::map<int, Row> rows = {{0, {{1, .6}, {2, .4}}}, {1, {{3, .6}, {2, .4}}}, {2, {{0, 1}}}, {3, {{0, 1}}}};
@@ -199,7 +189,7 @@ TEST_CASE("tova keeps what the last query attends most, averaged over all heads 
   // attend keys 1 and 4 only, which must not count: TOVA scores the last query alone.
   //   query 5, head 0: k0 .4, k1 .3, k2 .2, k5 .1      head 1: k3 .4, k4 .3, k2 .2, k5 .1
   //   layer average:   k0 .2, k1 .15, k2 .2, k3 .2, k4 .15, k5 .1
-  const SequenceShape shape = make_shape(6, 6, 2, 2);
+  const SequenceShape shape = test::sequence_shape(6, 6, 2, 2);
   const Weight weight = [](int h, int i, int j) {
     if (i < 5) return j == std::min(i, h == 0 ? 1 : 4) ? 1.0 : 0.0;
     const Row row = h == 0 ? Row{{0, .4}, {1, .3}, {2, .2}, {5, .1}} : Row{{3, .4}, {4, .3}, {2, .2}, {5, .1}};
@@ -225,7 +215,7 @@ TEST_CASE("snapkv sums the attention of the queries in its window, pooled along 
   //   kernel 1: k1, k3.
   //   kernel 3 (average, zero padding): k2 (1 + 0 + 1) / 3 is the best; k0, k1, k3, k4
   //   tie at 1/3 and the newest, k4, stays.
-  const SequenceShape shape = make_shape(8, 8);
+  const SequenceShape shape = test::sequence_shape(8, 8);
   const Weight weight = [](int, int i, int j) {
     if (i < 6) return j == 0 ? 1.0 : 0.0;
     return j == 1 || j == 3 ? 0.5 : 0.0;
@@ -251,7 +241,7 @@ TEST_CASE("pyramidkv keeps snapkv's best keys, more of them in lower layers", "[
   // 12 queries, 3 layers, 6 tokens = 3 heavy + 3 recent (9, 10, 11) on average. Beta 20:
   // heavy 5.85, 3, 0.15 per layer, rounded as cumulative sums: 6, 3, 0.
   // Queries 10 and 11 rank the keys 4 > 7 > 0 > 2 > 8 > 1 > 5 > 3 > 6 (window 2, kernel 1).
-  const SequenceShape shape = make_shape(12, 12, 1, 1, 3);
+  const SequenceShape shape = test::sequence_shape(12, 12, 1, 1, 3);
   const Row ranked = {{4, 8}, {7, 7}, {0, 6}, {2, 5}, {8, 4}, {1, 3}, {5, 2}, {3, 1}};
   const Weight weight = [&](int, int i, int j) {
     if (i < 10) return j == i ? 1.0 : 0.0;
@@ -278,7 +268,7 @@ TEST_CASE("scissorhands keeps the keys most often above the uniform share in the
   //   query 6: k6 .55, k1 .2, k2 .15, k0 .1    -> above 1/7: k6, k1, k2
   //   query 7: k7 .55, k1 .2, k2 .15, k0 .1    -> above 1/8: k7, k1, k2
   // Counts: k1 3, k2 2, k3 1 (though it got the most attention), k0 0, k4 0, k5 0.
-  const SequenceShape shape = make_shape(8, 8);
+  const SequenceShape shape = test::sequence_shape(8, 8);
   const Weight weight = by_rows({{0, {{0, 1}}},
                                  {1, {{0, 1}}},
                                  {2, {{0, 1}}},
@@ -301,7 +291,7 @@ TEST_CASE("knorm keeps the keys with the smallest L2 norm; norms equal to 12 bit
   const std::vector<double> rounded = {2, .5, 3, .75, 1, .5, 4, 1};  // what knorm ranks
   auto norm_of = [&](const std::vector<double>& list, int kv, int position) { return list[kv == 0 ? position : 7 - position]; };
   const test::KeyNormFn key_norm = [&](int kv, int position) { return norms[kv == 0 ? position : 7 - position]; };
-  const SequenceShape shape = make_shape(8, 8, 2, 2);
+  const SequenceShape shape = test::sequence_shape(8, 8, 2, 2);
   const Weight uniform = [](int, int, int) { return 1.0; };
   SECTION("4 tokens, all heavy (knorm's default)") {
     const test::LayerTrace trace = run(*make_policy("knorm", token_budget(4)), shape, uniform, key_norm);
@@ -316,7 +306,7 @@ TEST_CASE("knorm keeps the keys with the smallest L2 norm; norms equal to 12 bit
     CHECK(final_kept(trace, 1) == Positions{2, 4, 6, 7});
   }
   SECTION("one eviction per step from the start: every step as the brute force") {
-    const SequenceShape steady = make_shape(8, 0, 2, 2);
+    const SequenceShape steady = test::sequence_shape(8, 0, 2, 2);
     for (double share : {1.0, 0.5}) {
       auto policy = make_policy("knorm", token_budget(3, share));
       const test::LayerTrace trace = run(*policy, steady, uniform, key_norm);
@@ -360,7 +350,7 @@ TEST_CASE("random keeps the tokens with the highest seeded score, whatever the a
   const Weight first = [](int h, int i, int j) { return 1.0 + ((h + 3 * i + 5 * j) % 7); };
   const Weight second = [](int h, int i, int j) { return j == (i + h) / 2 ? 50.0 : 1.0; };
   for (int prefill : {24, 0}) {
-    const SequenceShape shape = make_shape(24, prefill, 4, 2, 2);
+    const SequenceShape shape = test::sequence_shape(24, prefill, 4, 2, 2);
     for (int layer = 0; layer < 2; ++layer) {
       const test::LayerTrace a = run(*policy, shape, first, unit_norm, layer);
       const test::LayerTrace b = run(*policy, shape, second, unit_norm, layer);
@@ -381,7 +371,7 @@ TEST_CASE("random keeps the tokens with the highest seeded score, whatever the a
 // ---------------------------------------------------------------------------------
 TEST_CASE("streamingllm keeps the sink tokens and the most recent ones; local the most recent only",
           "[policies][kept]") {
-  const SequenceShape shape = make_shape(12, 0);
+  const SequenceShape shape = test::sequence_shape(12, 0);
   // Attention that favours the middle keys, which neither policy may keep.
   const Weight middle = [](int, int, int j) { return j >= 4 && j < 8 ? 100.0 : 1.0; };
   for (int sinks : {4, 2}) {
@@ -472,7 +462,7 @@ TEST_CASE("h2o+sparse-strided: each query sees its stride pattern plus h2o's two
   // Stride 3 over 10 tokens attends at most 5 earlier keys; a budget of 7 leaves 2 heavy
   // hitters. Key 1 gets 9 times any other key's weight: whenever the pattern does not
   // give a query key 1, h2o adds it.
-  const SequenceShape shape = make_shape(10, 0, 2, 2);
+  const SequenceShape shape = test::sequence_shape(10, 0, 2, 2);
   const Weight weight = [](int kv, int, int j) { return j == 1 + kv ? 9.0 : 1.0; };  // KV 1 favours key 2
   PolicyOptions o = token_budget(7);
   o.params.set("stride", 3);
@@ -497,7 +487,7 @@ TEST_CASE("tova+sparse-fixed: blocks, summaries and the layer's two best other c
   // Blocks of 4 with 1 summary key over 12 tokens: at most 5 earlier keys, so a budget of
   // 7 leaves 2 heavy hitters, one decision for both KV heads. Key 1 (dropped by the
   // pattern once its block ends) has a large weight for KV 0, key 5 for KV 1.
-  const SequenceShape shape = make_shape(12, 0, 2, 2);
+  const SequenceShape shape = test::sequence_shape(12, 0, 2, 2);
   const Weight weight = [](int kv, int i, int j) { return j == (kv == 0 ? 1 : 5) ? 9.0 : 1.0 + (i + j) % 3; };
   PolicyOptions o = token_budget(7);
   o.params.set("stride", 4);
@@ -518,7 +508,7 @@ TEST_CASE("tova+sparse-fixed: blocks, summaries and the layer's two best other c
 TEST_CASE("snapkv+sparse-fixed and h2o+sparse-fixed follow the same rule", "[policies][kept][compose]") {
   // snapkv with window 1 and kernel 1 scores the last query's attention per KV head: TOVA's
   // score without the layer average; with one KV head the two are the same.
-  const SequenceShape shape = make_shape(12, 0);
+  const SequenceShape shape = test::sequence_shape(12, 0);
   const Weight weight = [](int, int i, int j) { return 1.0 + (3 * i + 7 * j) % 5; };
   PolicyOptions o = token_budget(7);
   o.params.set("stride", 4);
@@ -542,7 +532,7 @@ TEST_CASE("local and streamingllm on a pattern: the heavy slots go to the newest
   // decides nothing there). On a pattern, the budget beyond the pattern is theirs: stride
   // 3, or blocks of 4 with 1 summary, over 12 tokens attends at most 5 earlier keys, and 7
   // tokens leave 2 heavy hitters, the newest keys outside query i's pattern.
-  const SequenceShape shape = make_shape(12, 0);
+  const SequenceShape shape = test::sequence_shape(12, 0);
   const Weight weight = [](int, int i, int j) { return 1.0 + (i * j) % 4; };
   PolicyOptions strided_options = token_budget(7);
   strided_options.params.set("stride", 3);
@@ -624,7 +614,7 @@ TEST_CASE("h2o-global keeps, in every row, the keys with the largest column sums
   o.budget.heavy_ratio = 0.2;
   o.budget.recent_ratio = 0.2;
   auto policy = make_policy("h2o-global", o);
-  const SequenceShape shape = make_shape(T, 0, 2, 2);
+  const SequenceShape shape = test::sequence_shape(T, 0, 2, 2);
   std::vector<float> probs(logits.size(), 0.0f);
   policy->as_sim_only()->simulate_layer(0, shape, T, logits.data(), probs.data());
   const std::vector<std::set<int>> heavy = {{0, 5}, {3, 7}};
@@ -661,7 +651,7 @@ TEST_CASE("h2o-paper's masks follow its rule step by step on hand-made logits", 
   o.budget.heavy_ratio = 0.25;  // hb 4
   o.budget.recent_ratio = 0.125;  // rb 2
   auto policy = make_policy("h2o-paper", o);
-  const SequenceShape shape = make_shape(T, 0, n_q, n_q);
+  const SequenceShape shape = test::sequence_shape(T, 0, n_q, n_q);
   std::vector<float> probs(logits.size(), 0.0f);
   policy->as_sim_only()->simulate_layer(0, shape, T, logits.data(), probs.data());
   const int hb = 4, rb = 2;
@@ -695,7 +685,7 @@ TEST_CASE("h2o-paper's masks follow its rule step by step on hand-made logits", 
 
 TEST_CASE("sparse-strided and sparse-fixed alone: a query sees its pattern, the cache what later queries need",
           "[policies][kept][compose]") {
-  const SequenceShape shape = make_shape(13, 0, 2, 2);
+  const SequenceShape shape = test::sequence_shape(13, 0, 2, 2);
   const Weight weight = [](int, int i, int j) { return 1.0 + (i + 2 * j) % 3; };
   for (const std::string name : {"sparse-strided", "sparse-fixed"}) {
     PolicyOptions o;
@@ -717,7 +707,7 @@ TEST_CASE("sparse-strided and sparse-fixed alone: a query sees its pattern, the 
 }
 
 TEST_CASE("full keeps every token; every registered policy has its kept sets tested here", "[policies][kept]") {
-  const SequenceShape shape = make_shape(10, 0, 2, 1);
+  const SequenceShape shape = test::sequence_shape(10, 0, 2, 1);
   const test::LayerTrace trace = run(*make_policy("full", {}), shape, one_hot([](int i) { return i / 3; }));
   for (int i = 0; i < 10; ++i) CHECK(trace.positions[i][0] == range(0, i));
   // The cases above, by policy. A policy added to the registry changes this list, and

@@ -19,9 +19,7 @@
 #include "tasks/long_context.h"
 #include "tests/policy_drive.h"
 #include "tests/test_support.h"
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 

@@ -11,21 +11,16 @@
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/tensor_support.h"
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
+
+using kvevict::test::ThreadCountGuard;
 
 namespace {
 
 // Restores the process's thread count when a test changed it.
-struct ThreadCountGuard {
-  int saved = at::get_num_threads();
-  ~ThreadCountGuard() { set_thread_count(saved); }
-};
-
 // Odd sizes, so the vector loops' tails run; 1001 rows of 300 float32 split into
 // several chunks (the kernel hands out at least 128 KiB of weights per thread).
 torch::Tensor random_weight(torch::ScalarType dtype) {

@@ -7,10 +7,7 @@
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 

@@ -4,9 +4,6 @@
 #include "harness/sweep/sweep.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
 #include <catch2/catch.hpp>
 
 using namespace kvevict;

@@ -43,16 +43,6 @@ struct Trace {
   std::vector<std::vector<int>> visible;                 // [step][kv_head] -> slots visible, itself excluded
 };
 
-SequenceShape make_shape(int length, int layers, int n_q, int n_kv, int prefill = 0) {
-  SequenceShape shape;
-  shape.length = length;
-  shape.prefill_len = prefill;
-  shape.n_layers = layers;
-  shape.n_q_heads = n_q;
-  shape.n_kv_heads = n_kv;
-  return shape;
-}
-
 // Runs one layer as the policy driver does: append -> visible -> observe -> compress per
 // token. `attention` gives the observed attention (default: attention_row).
 Trace drive(const Policy& policy, int layer, const SequenceShape& shape, int seed,
@@ -109,7 +99,7 @@ TEST_CASE("every registered policy is covered by the unit tests", "[policies][un
 
 TEST_CASE("scored policies keep exactly the budget each step, sinks and the recent window always",
           "[policies][units]") {
-  const SequenceShape shape = make_shape(90, 3, 4, 2);
+  const SequenceShape shape = test::sequence_shape(90, 0, 4, 2, 3);
   for (const std::string& name : policy_names()) {
     auto policy = make_policy(name, ratio_options(0.2));
     if (!policy->realisable() || is_pattern(name)) continue;
@@ -141,7 +131,7 @@ TEST_CASE("scored policies keep exactly the budget each step, sinks and the rece
 }
 
 TEST_CASE("pattern policies attend within the budget and keep what a later query needs", "[policies][units]") {
-  const SequenceShape shape = make_shape(100, 2, 4, 2);
+  const SequenceShape shape = test::sequence_shape(100, 0, 4, 2, 2);
   const int budget_tokens = 20;  // int(0.2 * 100)
   for (const std::string& name : policy_names()) {
     if (!is_pattern(name)) continue;
@@ -159,7 +149,7 @@ TEST_CASE("pattern policies attend within the budget and keep what a later query
   PolicyOptions o;
   o.params.set("stride", 4);
   auto strided = make_policy("sparse-strided", o);
-  const Trace trace = drive(*strided, 0, make_shape(30, 1, 2, 2), 9);
+  const Trace trace = drive(*strided, 0, test::sequence_shape(30, 0, 2, 2, 1), 9);
   for (int i = 0; i < 30; ++i) {
     int expected = 0;
     for (int j = 0; j < i; ++j) expected += (i - j < 4 || (i - j) % 4 == 0);
@@ -169,7 +159,7 @@ TEST_CASE("pattern policies attend within the budget and keep what a later query
   }
   o.params.set("summary", 2);
   auto fixed = make_policy("sparse-fixed", o);
-  const Trace fixed_trace = drive(*fixed, 0, make_shape(30, 1, 2, 2), 9);
+  const Trace fixed_trace = drive(*fixed, 0, test::sequence_shape(30, 0, 2, 2, 1), 9);
   for (int i = 0; i < 30; ++i) {
     int expected = 0;
     for (int j = 0; j < i; ++j) expected += (j / 4 == i / 4 || j % 4 >= 2);
@@ -184,7 +174,7 @@ TEST_CASE("pattern policies attend within the budget and keep what a later query
 
 TEST_CASE("the mean layer budget equals the budget for every policy", "[policies][units]") {
   for (int layers : {1, 5, 12}) {
-    const SequenceShape shape = make_shape(200, layers, 8, 4);
+    const SequenceShape shape = test::sequence_shape(200, 0, 8, 4, layers);
     for (const std::string& name : policy_names()) {
       auto policy = make_policy(name, ratio_options(0.2));
       if (policy->keeps_everything() || is_pattern(name)) continue;
@@ -196,12 +186,12 @@ TEST_CASE("the mean layer budget equals the budget for every policy", "[policies
   }
   // PyramidKV's layers really differ (the schedule is not flat) and the largest is at the bottom.
   auto pyramid = make_policy("pyramidkv", ratio_options(0.2));
-  const SequenceShape five = make_shape(200, 5, 8, 4);
+  const SequenceShape five = test::sequence_shape(200, 0, 8, 4, 5);
   CHECK(pyramid->layer_budget(0, five).capacity > pyramid->layer_budget(4, five).capacity);
 }
 
 TEST_CASE("every policy is deterministic", "[policies][units]") {
-  const SequenceShape shape = make_shape(70, 2, 4, 2);
+  const SequenceShape shape = test::sequence_shape(70, 0, 4, 2, 2);
   for (const std::string& name : policy_names()) {
     auto policy = make_policy(name, ratio_options(0.3));
     INFO(name);
@@ -215,7 +205,7 @@ TEST_CASE("every policy is deterministic", "[policies][units]") {
       std::vector<float> logits(static_cast<size_t>(2) * T * T);
       for (size_t x = 0; x < logits.size(); ++x) logits[x] = 4 * noise(2, x, 0);
       std::vector<float> p1(logits.size(), 0.0f), p2(logits.size(), 0.0f);
-      const SequenceShape sim = make_shape(T, 1, 2, 2);
+      const SequenceShape sim = test::sequence_shape(T, 0, 2, 2, 1);
       policy->as_sim_only()->simulate_layer(0, sim, T, logits.data(), p1.data());
       make_policy(name, ratio_options(0.3))->as_sim_only()->simulate_layer(0, sim, T, logits.data(), p2.data());
       CHECK(p1 == p2);
@@ -232,8 +222,8 @@ TEST_CASE("a KV head aggregates its query group's attention (GQA), by mean or ma
   // Running 4 query heads over 2 KV heads must equal running 2 query heads whose
   // attention is already the group's mean (or max).
   const int n_q = 4, n_kv = 2, group = 2, seed = 17;
-  const SequenceShape gqa = make_shape(80, 1, n_q, n_kv);
-  const SequenceShape reduced = make_shape(80, 1, n_kv, n_kv);
+  const SequenceShape gqa = test::sequence_shape(80, 0, n_q, n_kv, 1);
+  const SequenceShape reduced = test::sequence_shape(80, 0, n_kv, n_kv, 1);
   for (const std::string reduce : {"mean", "max"}) {
     // The reduced run's KV head kv observes its group's mean (or max) of the GQA run's rows.
     const test::AttentionFn aggregated = [&](int kv, int step, const std::vector<int>& positions,
@@ -274,7 +264,7 @@ TEST_CASE("sim-only policies mask each row to heavy hitters plus the recent band
   const int T = 60, n_q = 2;
   std::vector<float> logits(static_cast<size_t>(n_q) * T * T);
   for (size_t x = 0; x < logits.size(); ++x) logits[x] = 3 * noise(4, x, 1);
-  const SequenceShape shape = make_shape(T, 3, n_q, n_q);
+  const SequenceShape shape = test::sequence_shape(T, 0, n_q, n_q, 3);
   for (const std::string& name : policy_names()) {
     auto policy = make_policy(name, ratio_options(0.2));
     if (policy->realisable()) continue;
@@ -339,7 +329,7 @@ TEST_CASE("policy parameters are declared once and checked against their range",
   PolicyOptions steep = ratio_options(0.2), flat = ratio_options(0.2);
   steep.params.set("pyramid_beta", 20.0);
   flat.params.set("pyramid_beta", 1.0);
-  const SequenceShape five = make_shape(200, 5, 8, 4);
+  const SequenceShape five = test::sequence_shape(200, 0, 8, 4, 5);
   CHECK(make_policy("pyramidkv", steep)->layer_budget(4, five).capacity <
         make_policy("pyramidkv", flat)->layer_budget(4, five).capacity);
 }

@@ -14,10 +14,7 @@
 #include "harness/model/zip_archive.h"
 #include "tests/pickle_bytes.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 using namespace kvevict::test::pickle_bytes;

@@ -14,9 +14,6 @@
 
 #include "notebooks-export/results_csv.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
 #include <catch2/catch.hpp>
 
 using namespace kvevict;

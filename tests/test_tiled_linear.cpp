@@ -6,19 +6,15 @@
 #include "harness/model/tiled_linear.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/tensor_support.h"
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 
-namespace {
+using kvevict::test::ThreadCountGuard;
+using kvevict::test::same_bits;
 
-struct ThreadCountGuard {
-  int saved = at::get_num_threads();
-  ~ThreadCountGuard() { set_thread_count(saved); }
-};
+namespace {
 
 std::vector<double> values(const torch::Tensor& t) {
   const auto c = t.to(torch::kFloat64).contiguous();
@@ -26,10 +22,6 @@ std::vector<double> values(const torch::Tensor& t) {
 }
 
 // Bitwise equality (NaN never appears here: the inputs are finite and small).
-bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && torch::equal(a, b);
-}
-
 }  // namespace
 
 TEST_CASE("tiled_linear gives the same bits on 1, 2 and 3 threads and torch::linear's values", "[threads][linear]") {
