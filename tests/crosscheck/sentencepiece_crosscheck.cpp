@@ -5,7 +5,6 @@
 // links only the harness's tokenizer sources, the library and Catch2, and compares
 // encode() ids and decode() text on real task data and hand-written edge cases, for
 // every SentencePiece model in the data directory.
-#define CATCH_CONFIG_MAIN
 #include <sentencepiece_processor.h>
 #include <unistd.h>
 
