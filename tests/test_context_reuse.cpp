@@ -229,6 +229,15 @@ TEST_CASE("what must not be reused is not: budgets from each request's length, c
       CHECK(run(*policy, Mode::Sim, requests) == 0);
     }
   }
+  SECTION("two documents in one list: each shares its own context") {
+    auto h2o = make_policy("h2o", token_budget(9));
+    std::vector<ScoreRequest> mixed = document(model, Protocol::Stream);
+    for (ScoreRequest r : document(model, Protocol::Stream, 11)) {
+      r.tokens[0] = r.tokens[0] % 500 + 1;  // another document: no call in common with the first
+      mixed.push_back(r);
+    }
+    CHECK(run(*h2o, Mode::Decode, mixed) == 2 * 14 + 2 * 11);
+  }
   SECTION("requests with no token in common share nothing") {
     auto h2o = make_policy("h2o", token_budget(9));
     std::vector<ScoreRequest> apart = {requests[0], requests[1]};

@@ -193,12 +193,15 @@ SharedContextStream::SharedContextStream(const Model& model, const Policy& polic
   for (const ScoreRequest& r : requests) streams_.push_back(std::make_unique<ScoreStream>(model, policy, mode, r));
   context_of_.assign(n, 0);
   continuing_.assign(n, {});
-  // Groups: each request joins the first group whose first request's states agree with its own.
+  // Groups: each request joins the first group whose first request makes the same first
+  // call and whose states agree with its own.
   std::vector<std::vector<int>> groups;
   if (reuse && mode == Mode::Decode && n > 1) {
     for (int i = 0; i < n; ++i) {
       auto group = std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
-        return policy.states_agree(streams_[g.front()]->shape(), streams_[i]->shape());
+        const ScoreStream& first = *streams_[g.front()];
+        return shared_calls({&first, streams_[i].get()}) > 0 &&
+               policy.states_agree(first.shape(), streams_[i]->shape());
       });
       if (group == groups.end()) groups.push_back({i});
       else group->push_back(i);

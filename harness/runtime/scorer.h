@@ -112,10 +112,12 @@ class ScoreStream : public BatchStream {
 };
 
 // The requests of one multiple-choice document (its choices) as one stream, the requests
-// one after another. With `reuse` (decode mode only), requests whose first model calls
-// are the same and whose policy states agree (Policy::states_agree) share them: those
-// calls run once, for the group's first request, and the others continue a fork of its
-// cache (ScoreStream::continue_from). Each result equals score_sequence() of its request
+// one after another. With `reuse` (decode mode only), requests whose first model call is
+// the same and whose policy states agree (Policy::states_agree) form a group, which shares
+// the calls all of them make: those run once, for the group's first request, and the
+// others continue a fork of its cache (ScoreStream::continue_from). Requests of several
+// documents may come in one list (a server request's prompts): each joins the first group
+// it shares a call with. Each result equals score_sequence() of its request
 // alone, bit for bit: the calls are the same ones. (The full cache runs each request as
 // one block, which shares no call: see docs/ARCHITECTURE.md.)
 class SharedContextStream : public BatchStream {
