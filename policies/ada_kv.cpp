@@ -106,6 +106,13 @@ class AdaHeadState : public LayerState {
     decision_->attach(kv_head, &head_.slots);
   }
 
+  std::unique_ptr<LayerState> clone(LayerStateCopies& copies) const override {
+    auto copy = std::make_unique<AdaHeadState>(*this);
+    copy->decision_ = copies.copy_of(decision_);
+    copy->decision_->attach(kv_head_, &copy->head_.slots);
+    return copy;
+  }
+
   void append(int position, float key_norm) override { head_.append(position, key_norm); }
   void observe(const float* probs) override { head_.observe(probs); }
 
@@ -143,6 +150,9 @@ class AdaKVPolicy : public RealisablePolicy {
     return inner_->layer_budget(layer, shape);
   }
   void validate(const SequenceShape& shape) const override { inner_->validate(shape); }
+  bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
+    return inner_->states_agree(a, b);
+  }
 
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
     LayerStates states;

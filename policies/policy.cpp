@@ -52,6 +52,15 @@ void Policy::validate(const SequenceShape& shape) const {
   check_budget_fits(budget_for(shape), shape.length, sink_tokens(), name());
 }
 
+bool Policy::states_agree(const SequenceShape& a, const SequenceShape& b) const {
+  const bool same_but_length = a.prefill_len == b.prefill_len && a.question_len == b.question_len &&
+                               a.n_layers == b.n_layers && a.n_q_heads == b.n_q_heads &&
+                               a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim;
+  if (!same_but_length) return false;
+  if (a.length == b.length || keeps_everything()) return true;
+  return !options_.budget.is_ratio() && options_.kv_quant.memory <= 0;
+}
+
 void Policy::check_keeps_a_token(int64_t max_positions) const {
   if (keeps_everything() || !options_.budget.is_ratio() || options_.kv_quant.memory > 0 || max_positions < 1) return;
   SequenceShape shape;
@@ -83,6 +92,13 @@ class ScoredHeadState : public LayerState {
                   std::shared_ptr<SharedScores> shared)
       : policy_(policy), head_(policy, layer, kv_head, group, reduce), budget_(budget), shared_(std::move(shared)) {
     if (shared_) shared_->attach(kv_head, &head_.slots);
+  }
+
+  std::unique_ptr<LayerState> clone(LayerStateCopies& copies) const override {
+    auto copy = std::make_unique<ScoredHeadState>(*this);
+    copy->shared_ = copies.copy_of(shared_);
+    if (copy->shared_) copy->shared_->attach(head_.slots.kv_head, &copy->head_.slots);
+    return copy;
   }
 
   void append(int position, float key_norm) override { head_.append(position, key_norm); }

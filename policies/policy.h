@@ -7,6 +7,7 @@
 // Policy code is plain C++ over contiguous float buffers: no LibTorch here.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -47,9 +48,16 @@ struct SequenceShape {
 // position order, calls append, then visible, then observe, then (after the prefill)
 // compress; sim mode, the decode cache and analyze all run through it, so a realisable
 // policy cannot tell them apart.
+class LayerStateCopies;
+
 class LayerState {
  public:
   virtual ~LayerState() = default;
+  // A copy that goes on from this state on its own: a fork of the cache, when the choices
+  // of a multiple-choice document continue one context (harness/runtime/scorer.h). Objects
+  // the layer's heads share are copied once per layer through `copies`. Null: this state
+  // cannot be copied, and the harness never forks it.
+  virtual std::unique_ptr<LayerState> clone(LayerStateCopies& copies) const { return nullptr; }
   // Token `position` enters as the last slot; key_norm is the L2 norm of its key.
   virtual void append(int position, float key_norm) = 0;
   // Static sparse patterns keep slots cached that the query at `query_position` must not
@@ -63,6 +71,23 @@ class LayerState {
   virtual bool compress(std::vector<int>* keep) = 0;
   virtual const std::vector<int>& positions() const = 0;
   int size() const { return static_cast<int>(positions().size()); }
+};
+
+// While one layer's heads are cloned: the copy of each object they share (SharedScores,
+// Ada-KV's layer decision), made at its first request, so the copies share it as the
+// originals did. A copy re-attaches its own head to it.
+class LayerStateCopies {
+ public:
+  template <typename T>
+  std::shared_ptr<T> copy_of(const std::shared_ptr<T>& original) {
+    if (!original) return nullptr;
+    auto& copy = copies_[original.get()];
+    if (!copy) copy = std::make_shared<T>(*original);
+    return std::static_pointer_cast<T>(copy);
+  }
+
+ private:
+  std::map<const void*, std::shared_ptr<void>> copies_;
 };
 
 // A layer's states, one per KV head.
@@ -110,6 +135,12 @@ class Policy {
   virtual Budget layer_budget(int layer, const SequenceShape& shape) const;
   // Throws kvevict::Error when the budget does not fit the sequence (check_budget_fits).
   virtual void validate(const SequenceShape& shape) const;
+  // Whether the states made for shape `a` decide as those made for `b` over every token the
+  // two sequences share, so that a context run under `a` may continue as `b` (shared-context
+  // reuse, harness/runtime/scorer.h). The default: the shapes differ at most in their
+  // length, and the budget does not read the length (no ratio, no --kv-memory). A policy
+  // whose states read the length in another way overrides it.
+  virtual bool states_agree(const SequenceShape& a, const SequenceShape& b) const;
   // Throws when a ratio budget keeps no token even on a request of `max_positions`
   // tokens (the model's whole context), so it can never keep one.
   void check_keeps_a_token(int64_t max_positions) const;

@@ -33,6 +33,13 @@ class PatternHeadState : public LayerState {
     if (shared_) shared_->attach(kv_head, &slots_);
   }
 
+  std::unique_ptr<LayerState> clone(LayerStateCopies& copies) const override {
+    auto copy = std::make_unique<PatternHeadState>(*this);  // the pattern itself never changes
+    copy->shared_ = copies.copy_of(shared_);
+    if (copy->shared_) copy->shared_->attach(slots_.kv_head, &copy->slots_);
+    return copy;
+  }
+
   void append(int position, float key_norm) override {
     last_position_ = position;
     float* values = slots_.append(position);
@@ -160,6 +167,11 @@ void PatternPolicy::validate(const SequenceShape& shape) const {
   Policy::validate(shape);
 }
 
+bool PatternPolicy::states_agree(const SequenceShape& a, const SequenceShape& b) const {
+  // A period chosen from the budget is chosen for the length.
+  return a.length == b.length && Policy::states_agree(a, b);
+}
+
 Budget PatternPolicy::layer_budget(int, const SequenceShape& shape) const {
   // The physical cache: what later queries still attend.
   Budget budget;
@@ -214,6 +226,10 @@ class ComposedPolicy : public RealisablePolicy {
   }
 
   void validate(const SequenceShape& shape) const override { scored_->validate(shape); }
+  // The pattern and the heavy share are sized to the length.
+  bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
+    return a.length == b.length && Policy::states_agree(a, b);
+  }
 
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
     const Parts p = parts(layer, shape);

@@ -59,6 +59,7 @@ class PatternPolicy : public RealisablePolicy {
 
   double default_heavy_share() const override { return 0.0; }
   void validate(const SequenceShape& shape) const override;
+  bool states_agree(const SequenceShape& a, const SequenceShape& b) const override;
   Budget layer_budget(int layer, const SequenceShape& shape) const override;
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override;
 

@@ -213,6 +213,12 @@ TEST_CASE("served COPA log-likelihoods equal kvevict eval's under full, h2o and 
     ServerProcess server({"--mode", "decode", "--policy", "h2o", "--budget", "0.5"}, "decode");
     check_equal_scores(served_scores(server, docs), eval_scores("--mode decode --policy h2o --budget 0.5", kDocs, "decode"));
   }
+  SECTION("decode mode with a token budget: a request's prompts share their context, the numbers do not move") {
+    ServerProcess server({"--mode", "decode", "--policy", "tova", "--budget-tokens", "8"}, "decode_reuse");
+    check_equal_scores(served_scores(server, docs),
+                       eval_scores("--mode decode --policy tova --budget-tokens 8 --no-context-reuse", kDocs,
+                                   "decode_reuse"));
+  }
 }
 
 // [BOS] + the text's tokens: what `kvevict generate --prompt TEXT` runs on.

@@ -497,6 +497,64 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
   return 0;
 }
 
+// Shared-context reuse for multiple choice (issue 31): whole decode-mode evaluations with
+// reuse off and on, alternating, in one run: seconds, documents/s, the ratio, and whether
+// every prediction and score is the same (the full cache's cut block: the largest change).
+int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const std::string& data_override) {
+  constexpr long long kMost = std::numeric_limits<int>::max();
+  const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
+  const auto tasks = config.texts("reuse_tasks", {"piqa", "copa"});
+  const auto policies = config.texts("policies", {"full", "h2o"});
+  const int budget_tokens = config.integer("budget_tokens", 16, 1, kMost);
+  const int limit = config.integer("limit", 0, 0, kMost);
+  const int repeat = config.integer("repeat", args.repeat, 1, kMost);
+  const int batch = args.batch_size > 0 ? args.batch_size : config.integer("batch_size", 1, 1, 4096);
+  const int threads = set_thread_count(args.runtime.options.threads);
+  auto model = Model::load(std::filesystem::exists(model_dir) ? model_dir : data_path(model_dir, data_override),
+                           args.runtime.options);
+  use_threads_for(*model, threads);
+  std::cout << std::fixed << std::setprecision(4);
+  std::cout << "context_reuse model " << model_dir << " threads " << threads << " batch " << batch << " load_average "
+            << load_average() << std::endl;
+  for (const std::string& task : tasks)
+    for (const std::string& policy : policies) {
+      EvalConfig eval;
+      eval.task = task;
+      eval.task_options.data_dir = data_dir(data_override);
+      eval.task_options.limit = limit > 0 ? limit : -1;
+      eval.policy = policy;
+      if (policy != reference_policy_name()) eval.policy_options.budget.tokens = budget_tokens;
+      eval.mode = Mode::Decode;
+      eval.compare_with_full = false;
+      eval.batch_size = batch;
+      // The best of `repeat` runs each, off and on alternating, so a load change hits both.
+      double best[2] = {1e30, 1e30};
+      EvalResult results[2];
+      for (int r = 0; r < repeat; ++r)
+        for (int on = 0; on < 2; ++on) {
+          eval.context_reuse = on == 1;
+          results[on] = evaluate(*model, eval);
+          best[on] = std::min(best[on], results[on].seconds);
+        }
+      bool same_predictions = results[0].docs.size() == results[1].docs.size();
+      double largest_change = 0;
+      for (size_t d = 0; same_predictions && d < results[0].docs.size(); ++d) {
+        same_predictions = results[0].docs[d].prediction.predicted == results[1].docs[d].prediction.predicted;
+        const auto& a = results[0].docs[d].choice_scores, & b = results[1].docs[d].choice_scores;
+        for (size_t c = 0; c < a.size() && c < b.size(); ++c) largest_change = std::max(largest_change, std::abs(a[c] - b[c]));
+      }
+      const double n = results[0].n;
+      std::cout << "context_reuse " << task << " " << policy
+                << (policy != reference_policy_name() ? " budget_tokens " + std::to_string(budget_tokens) : "")
+                << " docs " << results[0].n << " off_seconds " << best[0] << " off_docs_per_s " << n / best[0]
+                << " on_seconds " << best[1] << " on_docs_per_s " << n / best[1] << " ratio " << best[0] / best[1]
+                << " same_predictions " << (same_predictions ? "yes" : "NO") << " largest_score_change "
+                << std::setprecision(3) << std::scientific << largest_change << std::fixed << std::setprecision(4)
+                << " load_average " << load_average() << std::endl;
+    }
+  return 0;
+}
+
 // The keys of each kind of benchmark config; any other key is refused (a typo would
 // otherwise silently bench the default).
 const std::vector<std::string> kTokenizerBenchKeys = {"comment", "description", "jsonl", "field", "limit", "tokenizers"};
@@ -508,6 +566,8 @@ const std::vector<std::string> kBatchBenchKeys = {
     "comment", "description", "model", "batch_sizes", "dtypes", "decode_prefill", "decode_steps", "repeat",
     "profile_policy", "budget", "compare_batch", "generation_task", "generation_model", "generation_limit", "generation_max_length",
     "mc_task", "mc_limit", "mc_models", "memory_context"};
+const std::vector<std::string> kContextReuseBenchKeys = {"comment", "description", "model", "reuse_tasks", "policies",
+                                                         "budget_tokens", "limit", "repeat", "batch_size"};
 
 }  // namespace
 
@@ -516,6 +576,8 @@ int run_bench(const BenchArgs& args, const std::string& data_override) {
     const nlohmann::json config = read_json_file(args.config);
     if (config.is_object() && config.contains("tokenizers"))
       return bench_tokenizers(args, ConfigObject(config, args.config, kTokenizerBenchKeys), data_override);
+    if (config.is_object() && config.contains("reuse_tasks"))
+      return bench_context_reuse(args, ConfigObject(config, args.config, kContextReuseBenchKeys), data_override);
     if (config.is_object() && config.contains("batch_sizes"))
       return bench_batch(args, ConfigObject(config, args.config, kBatchBenchKeys), data_override);
     return bench_policies(args, ConfigObject(config, args.config, kPolicyBenchKeys));

@@ -36,6 +36,7 @@ struct EvalArgs {
   int batch_size = 0;  // 0: default_batch_size()
   double depth = 0;  // read only when --depth is given
   bool no_bos = false, bos = false, file_order = false, helm_truncate = false;
+  bool no_context_reuse = false;
   double temperature = 0;
   uint64_t seed = 0;
   RuntimeFlags runtime;
@@ -119,6 +120,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   if (at.command.count("--depth")) config.task_options.depth = a.depth;
   config.question = parse_question_mode(a.question);
   config.batch_size = a.batch_size > 0 ? a.batch_size : default_batch_size(*model);
+  config.context_reuse = !a.no_context_reuse;
   // Said once, where a default batches (a model that runs each op on one thread takes
   // whole requests on its threads instead, and prints nothing).
   if (a.batch_size == 0 && config.batch_size > 1)
@@ -270,6 +272,9 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
                        "sequences run together, each with its own cache and policy state (default: chosen from the "
                        "model and the machine); no number depends on it")
       ->check(cli::at_least(1));
+  eval_cmd->add_flag("--no-context-reuse", a.no_context_reuse,
+                     "decode mode, multiple choice: run each choice's whole request instead of continuing a fork "
+                     "of the context the choices share (the numbers are the same either way)");
   eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
   eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
   eval_cmd->add_option("--seed", a.seed, "generation sampling seed; long-context tasks: the items' seed")

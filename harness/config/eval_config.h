@@ -53,6 +53,10 @@ struct EvalConfig {
   // Sequences run together (0: default_batch_size()). Not part of the identity: every
   // number is the same at any batch size.
   int batch_size = 0;
+  // Multiple choice in decode mode: a document's choices share the calls of their common
+  // context (SharedContextStream, harness/runtime/scorer.h). Not part of the identity:
+  // every number is the same either way (the full cache within rounding).
+  bool context_reuse = true;
 };
 
 // The identity columns of a configuration (outcome columns empty).

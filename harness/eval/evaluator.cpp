@@ -145,7 +145,39 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     // everything is gathered in document order, as a serial loop would.
     std::vector<std::vector<LoglikelihoodResult>> doc_answers(docs.size());
     std::vector<std::vector<KvStats>> doc_kv(docs.size());
-    if (batch > 1 && config.task_options.pipeline != Pipeline::H2O) {
+    const bool h2o = config.task_options.pipeline == Pipeline::H2O;
+    // Reuse shares model calls, which only decode mode makes one at a time.
+    const bool reuse = config.context_reuse && config.mode == Mode::Decode && !h2o;
+    if (reuse) {
+      // A document's choices run as one SharedContextStream: their shared context once.
+      std::vector<std::vector<PreparedRequest>> prepared(docs.size());
+      std::vector<std::vector<ScoreRequest>> passes(docs.size());
+      auto prepare_doc = [&](int d) {
+        for (const auto& request : docs[d].requests) {
+          prepared[d].push_back(prepare_request(model, config, request, bos));
+          passes[d].push_back(prepared[d].back().pass);
+        }
+      };
+      auto gather = [&](int d, const std::vector<SequenceScore>& scores) {
+        for (size_t i = 0; i < scores.size(); ++i) {
+          doc_answers[d].push_back(loglikelihood_of(prepared[d][i], scores[i]));
+          doc_kv[d].push_back(scores[i].kv);
+        }
+      };
+      if (batch > 1) {
+        for (size_t d = 0; d < docs.size(); ++d) prepare_doc(static_cast<int>(d));
+        int docs_done = 0;
+        const auto scores = score_documents(model, *policy, config.mode, passes, batch, true, [&](int) {
+          if (progress) progress(++docs_done, static_cast<int>(docs.size()));
+        });
+        for (size_t d = 0; d < docs.size(); ++d) gather(static_cast<int>(d), scores[d]);
+      } else {
+        for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
+          prepare_doc(d);
+          gather(d, score_shared_context(model, *policy, config.mode, passes[d], true));
+        }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+      }
+    } else if (batch > 1 && !h2o) {
       // Every choice of every document is one sequence of the batch (score_batch: longest
       // first); a document is done when its last choice is.
       std::vector<PreparedRequest> prepared;

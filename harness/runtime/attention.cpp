@@ -203,9 +203,7 @@ class KiviLayerCache final : public QuantizedLayerCache {
       throw Error("policy " + policy.name() + " is sim-only: it cannot run with --kv-quant kivi, which quantizes a cache " +
                   "a realisable policy evicts from");
     driver_ = std::make_unique<PolicyDriver>(*policy.as_realisable(), layer, shape, window, SlotColumns::CacheRows);
-    driver_->set_attended_hook([this](int kv, int64_t position) {
-      stores_[kv].after_attention(static_cast<int>(position), shape_.prefill_len);
-    });
+    set_flush_hook();
   }
 
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -277,6 +275,16 @@ class KiviLayerCache final : public QuantizedLayerCache {
     return out;
   }
 
+  std::unique_ptr<QuantizedLayerCache> clone() const override {
+    std::unique_ptr<KiviLayerCache> copy(new KiviLayerCache(*this));
+    if (driver_) {
+      copy->driver_ = driver_->clone();
+      if (!copy->driver_) return nullptr;
+      copy->set_flush_hook();
+    }
+    return copy;
+  }
+
   int64_t held_bytes() const override {
     int64_t bytes = 0;
     for (const KvHeadStore<Scalar>& store : stores_) bytes += store.held_bytes();
@@ -306,6 +314,19 @@ class KiviLayerCache final : public QuantizedLayerCache {
   }
 
  private:
+  // A copy of every member (the driver is then replaced by its clone).
+  KiviLayerCache(const KiviLayerCache& other)
+      : shape_(other.shape_), window_(other.window_), acc_(other.acc_), d_(other.d_), bits_(other.bits_),
+        stores_(other.stores_), peak_bytes_(other.peak_bytes_), peak_bytes_full_(other.peak_bytes_full_),
+        recorded_bytes_(other.recorded_bytes_), recorded_bytes_full_(other.recorded_bytes_full_) {}
+
+  // The stores flush after each query attended and was observed, before the policy compresses.
+  void set_flush_hook() {
+    driver_->set_attended_hook([this](int kv, int64_t position) {
+      stores_[kv].after_attention(static_cast<int>(position), shape_.prefill_len);
+    });
+  }
+
   // The layer's bytes now, kept when they are its largest so far.
   void note_bytes() {
     KvByteCount count;
@@ -512,11 +533,39 @@ torch::Tensor SimAttention::simulate_sim_only(int layer, const torch::Tensor& q,
 }
 
 // ---------------------------------------------------------------------------------
+CacheAttention::CacheAttention(const Policy& policy, SequenceShape shape) : policy_(policy), shape_(shape) {}
+
 CacheAttention::CacheAttention(const Model& model, const Policy& policy, SequenceShape shape)
     : policy_(policy), shape_(shape), layers_(shape.n_layers), stats_(empty_stats(model, shape.n_layers)) {
   if (!policy.realisable())
     throw Error("policy " + policy.name() + " is sim-only (it needs " + policy.as_sim_only()->needs() +
                 ", which a real cache does not hold); use --mode sim");
+}
+
+std::unique_ptr<CacheAttention> CacheAttention::fork(const SequenceShape& shape) const {
+  if (!policy_.states_agree(shape_, shape)) return nullptr;
+  std::unique_ptr<CacheAttention> copy(new CacheAttention(policy_, shape));
+  copy->sliding_window_ = sliding_window_;
+  if (dmc_) copy->dmc_ = std::make_unique<DmcMergeState>(*dmc_);
+  copy->stats_ = stats_;
+  copy->attention_seconds_ = attention_seconds_;
+  copy->layers_.resize(layers_.size());
+  // The buffers are copied whole (their spare rows too), so the copy grows as this would.
+  auto copied = [](const torch::Tensor& t) { return t.defined() ? t.clone() : t; };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerCache& from = layers_[l];
+    LayerCache& to = copy->layers_[l];
+    to.key_buffer = copied(from.key_buffer);
+    to.value_buffer = copied(from.value_buffer);
+    to.size = from.size;
+    to.peak_bytes = from.peak_bytes;
+    if (from.driver && !(to.driver = from.driver->clone())) return nullptr;
+    if (from.quantized && !(to.quantized = from.quantized->clone())) return nullptr;
+    to.dmc_slots = from.dmc_slots;
+    for (const torch::Tensor& t : from.dmc_keys) to.dmc_keys.push_back(copied(t));
+    for (const torch::Tensor& t : from.dmc_values) to.dmc_values.push_back(copied(t));
+  }
+  return copy;
 }
 
 int64_t CacheAttention::cached_tokens(int layer) const {

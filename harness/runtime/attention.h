@@ -106,6 +106,9 @@ class QuantizedLayerCache {
   virtual int64_t tokens() const = 0;  // tokens held (most over the KV heads)
   // Writes this layer's counts into stats (layer's entries, and its share of the bytes).
   virtual void record(KvStats& stats, int layer) = 0;
+  // A copy that goes on on its own (a fork of the cache); null when the policy's states
+  // cannot be cloned.
+  virtual std::unique_ptr<QuantizedLayerCache> clone() const = 0;
 };
 std::unique_ptr<QuantizedLayerCache> make_quantized_layer_cache(const Policy& policy, int layer,
                                                                 const SequenceShape& shape, int64_t sliding_window,
@@ -122,6 +125,10 @@ class CacheAttention : public AttentionBackend {
   torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& merges, int64_t start) override;
   const KvStats& stats() const { return stats_; }
+  // A copy of this cache, with its policy's states, that goes on as a sequence of `shape`
+  // (which Policy::states_agree with this one's): the fork of a shared context. Null when
+  // a state cannot be cloned (LayerState::clone); the caller then runs without reuse.
+  std::unique_ptr<CacheAttention> fork(const SequenceShape& shape) const;
   // Rows of K/V the layer holds now (most over its KV heads).
   int64_t cached_tokens(int layer) const;
   // Bytes of K/V memory the cache holds now (allocated rows, all layers).
@@ -130,6 +137,7 @@ class CacheAttention : public AttentionBackend {
   double attention_seconds() const { return attention_seconds_; }
 
  private:
+  CacheAttention(const Policy& policy, SequenceShape shape);  // fork's: the members come after
   struct LayerCache {
     // [n_kv_heads, capacity, head_dim]. Without a policy, rows 0 .. size-1 hold positions
     // 0 .. size-1; with one, KV head h holds its driver's slots in rows 0 .. slots(h)-1 in

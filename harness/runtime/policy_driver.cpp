@@ -59,6 +59,37 @@ PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const Sequ
   }
 }
 
+std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
+  std::unique_ptr<PolicyDriver> copy(new PolicyDriver());
+  copy->group_ = group_;
+  copy->prefill_len_ = prefill_len_;
+  copy->window_ = window_;
+  copy->columns_ = columns_;
+  copy->lockstep_ = lockstep_;
+  copy->peak_total_slots_ = peak_total_slots_;
+  copy->peak_head_slots_ = peak_head_slots_;
+  copy->last_visible_ = last_visible_;
+  LayerStateCopies shared;  // the layer's heads share these, so one copy for all of them
+  copy->heads_.resize(heads_.size());
+  for (size_t h = 0; h < heads_.size(); ++h) {
+    const Head& from = heads_[h];
+    Head& to = copy->heads_[h];
+    to.state = from.state->clone(shared);
+    if (!to.state) return nullptr;
+    to.columns = from.columns;
+    to.pattern = from.pattern;
+    to.observed = from.observed;
+    to.exps = from.exps;
+    to.keep = from.keep;
+    to.row_slots = from.row_slots;
+    to.moves = from.moves;
+    to.visible = from.visible;
+    to.vis = from.vis ? to.pattern.data() : nullptr;
+    to.oldest = from.oldest;
+  }
+  return copy;
+}
+
 void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
                         char* visible_out) {
   drive(first, rows, n, logits, key_norms, visible_out);

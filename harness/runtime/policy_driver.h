@@ -41,6 +41,11 @@ class PolicyDriver {
   PolicyDriver(const RealisablePolicy& policy, int layer, const SequenceShape& shape, int64_t sliding_window,
                SlotColumns columns);
 
+  // A copy that goes on on its own (a fork of the cache): every head's LayerState cloned.
+  // Null when a state cannot be cloned (LayerState::clone). The attended hook is not
+  // copied: it belongs to the caller, which sets its own.
+  std::unique_ptr<PolicyDriver> clone() const;
+
   // Queries at positions first .. first+rows-1. logits: [n_q][rows][n] (query head h, row
   // r at (h*rows + r)*n), scaled, a key's logit at its column; each row is overwritten with
   // the attention that weights the values (0 outside the slots it sees). key_norms:
@@ -77,6 +82,7 @@ class PolicyDriver {
   int last_visible() const { return last_visible_; }  // slots the last query saw, most over heads
 
  private:
+  PolicyDriver() = default;
   struct Head {
     std::unique_ptr<LayerState> state;
     std::vector<int> columns;         // [slots]: where each slot's key sits in a logits row

@@ -67,7 +67,8 @@ ScoreStream::ScoreStream(const Model& model, const Policy& policy, Mode mode, Sc
   if (tokens.empty()) throw Error("nothing to score: the token sequence is empty");
   const int T = static_cast<int>(tokens.size());
   const int prefill_len = request_.prefill_len;
-  SequenceShape shape = shape_for(model, request_.budget_length > 0 ? request_.budget_length : T, prefill_len);
+  shape_ = shape_for(model, request_.budget_length > 0 ? request_.budget_length : T, prefill_len);
+  const SequenceShape& shape = shape_;
   policy.validate(shape);
   check_kv_quant_head_dim(policy.options().kv_quant, model.arch().head_dim);
   if (!policy.realisable() && prefill_len > 0)
@@ -94,6 +95,21 @@ ScoreStream::ScoreStream(const Model& model, const Policy& policy, Mode mode, Sc
 void ScoreStream::take(const torch::Tensor& logits) {
   rows_.push_back(logits);
   ++next_;
+}
+
+bool ScoreStream::continue_from(const ScoreStream& context) {
+  if (!context.cache_ || !cache_ || next_ != 0 || context.next_ > pieces_.size())
+    throw Error("internal: continue_from needs two decode-mode streams, this one not started");
+  for (size_t i = 0; i < context.next_; ++i)
+    if (pieces_[i].tokens != context.pieces_[i].tokens || pieces_[i].start != context.pieces_[i].start)
+      throw Error("internal: continue_from a context whose model calls differ");
+  std::unique_ptr<CacheAttention> fork = context.cache_->fork(shape_);
+  if (!fork) return false;
+  cache_ = std::move(fork);
+  for (BatchSegment& piece : pieces_) piece.attention = cache_.get();
+  rows_ = context.rows_;  // the context's logits, read, never written
+  next_ = context.next_;
+  return true;
 }
 
 SequenceScore ScoreStream::result() {
@@ -152,6 +168,117 @@ std::vector<SequenceScore> score_batch(const Model& model, const Policy& policy,
       [&](int i) { return std::make_unique<ScoreStream>(model, policy, mode, requests[order[i]]); },
       [&](int i, BatchStream& stream) {
         results[order[i]] = static_cast<ScoreStream&>(stream).result();
+        if (finished) finished(order[i]);
+      });
+  return results;
+}
+
+namespace {
+
+// How many of their first model calls all of `streams` share (same tokens, same positions).
+size_t shared_calls(const std::vector<const ScoreStream*>& streams) {
+  size_t k = 0;
+  for (;; ++k)
+    for (const ScoreStream* s : streams) {
+      const auto& a = s->pieces(), & b = streams.front()->pieces();
+      if (k >= a.size() || k >= b.size() || a[k].tokens != b[k].tokens || a[k].start != b[k].start) return k;
+    }
+}
+
+}  // namespace
+
+SharedContextStream::SharedContextStream(const Model& model, const Policy& policy, Mode mode,
+                                         const std::vector<ScoreRequest>& requests, bool reuse) {
+  const int n = static_cast<int>(requests.size());
+  for (const ScoreRequest& r : requests) streams_.push_back(std::make_unique<ScoreStream>(model, policy, mode, r));
+  context_of_.assign(n, 0);
+  continuing_.assign(n, {});
+  // Groups: each request joins the first group whose first request makes the same first
+  // call and whose states agree with its own.
+  std::vector<std::vector<int>> groups;
+  if (reuse && mode == Mode::Decode && n > 1) {
+    for (int i = 0; i < n; ++i) {
+      auto group = std::find_if(groups.begin(), groups.end(), [&](const std::vector<int>& g) {
+        const ScoreStream& first = *streams_[g.front()];
+        return shared_calls({&first, streams_[i].get()}) > 0 &&
+               policy.states_agree(first.shape(), streams_[i]->shape());
+      });
+      if (group == groups.end()) groups.push_back({i});
+      else group->push_back(i);
+    }
+  } else {
+    for (int i = 0; i < n; ++i) groups.push_back({i});
+  }
+  for (const std::vector<int>& group : groups) {
+    for (int i : group) order_.push_back(i);
+    if (group.size() < 2) continue;
+    std::vector<const ScoreStream*> members;
+    for (int i : group) members.push_back(streams_[i].get());
+    const size_t k = shared_calls(members);
+    if (k == 0) continue;
+    context_of_[group.front()] = k;
+    continuing_[group.front()].assign(group.begin() + 1, group.end());
+  }
+  skip_finished();
+}
+
+void SharedContextStream::take(const torch::Tensor& logits) {
+  const int i = order_[current_];
+  ScoreStream& stream = *streams_[i];
+  stream.take(logits);
+  if (context_of_[i] > 0 && stream.pieces_taken() == context_of_[i]) {
+    // The shared calls have run: the rest of the group continues from here.
+    for (int j : continuing_[i])
+      if (streams_[j]->continue_from(stream)) calls_saved_ += static_cast<int64_t>(context_of_[i]);
+  }
+  skip_finished();
+}
+
+void SharedContextStream::skip_finished() {
+  while (current_ < order_.size() && streams_[order_[current_]]->done()) ++current_;
+}
+
+std::vector<SequenceScore> SharedContextStream::results() {
+  if (!done()) throw Error("internal: results() of an unfinished document");
+  std::vector<SequenceScore> out;
+  for (auto& stream : streams_) out.push_back(stream->result());
+  return out;
+}
+
+std::vector<SequenceScore> score_shared_context(const Model& model, const Policy& policy, Mode mode,
+                                                const std::vector<ScoreRequest>& requests, bool reuse,
+                                                int64_t* calls_saved) {
+  SharedContextStream stream(model, policy, mode, requests, reuse);
+  while (!stream.done()) {
+    const BatchSegment segment = stream.next();
+    stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
+  }
+  if (calls_saved) *calls_saved += stream.calls_saved();
+  return stream.results();
+}
+
+std::vector<std::vector<SequenceScore>> score_documents(const Model& model, const Policy& policy, Mode mode,
+                                                        const std::vector<std::vector<ScoreRequest>>& documents,
+                                                        int batch_size, bool reuse,
+                                                        const std::function<void(int)>& finished,
+                                                        int64_t* calls_saved) {
+  const int n = static_cast<int>(documents.size());
+  auto longest = [&](int d) {
+    size_t most = 0;
+    for (const ScoreRequest& r : documents[d]) most = std::max(most, r.tokens.size());
+    return most;
+  };
+  std::vector<int> order(n);  // longest first; equal lengths in document order
+  for (int d = 0; d < n; ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return longest(a) > longest(b); });
+  std::vector<std::vector<SequenceScore>> results(n);
+  run_batched(
+      model, n, batch_size,
+      [&](int i) { return std::make_unique<SharedContextStream>(model, policy, mode, documents[order[i]], reuse); },
+      [&](int i, BatchStream& stream) {
+        auto& document = static_cast<SharedContextStream&>(stream);
+        results[order[i]] = document.results();
+        if (calls_saved) *calls_saved += document.calls_saved();
         if (finished) finished(order[i]);
       });
   return results;

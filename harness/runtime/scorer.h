@@ -89,14 +89,74 @@ class ScoreStream : public BatchStream {
   void take(const torch::Tensor& logits) override;
   SequenceScore result();
 
+  // The policy's view of this sequence.
+  const SequenceShape& shape() const { return shape_; }
+  // The model calls, in order, and how many have run.
+  const std::vector<BatchSegment>& pieces() const { return pieces_; }
+  size_t pieces_taken() const { return next_; }
+  // Goes on from where `context` stands instead of running those calls itself: `context`
+  // (decode mode) took its first pieces_taken() calls, and this stream's first calls are
+  // the same (tokens and positions). Its cache is forked (CacheAttention::fork) and their
+  // logits rows shared. False, with nothing changed, when the cache cannot be forked to
+  // this shape; the stream then runs from its start as usual.
+  bool continue_from(const ScoreStream& context);
+
  private:
   ScoreRequest request_;
+  SequenceShape shape_;
   std::unique_ptr<SimAttention> sim_;
   std::unique_ptr<CacheAttention> cache_;
   std::vector<BatchSegment> pieces_;  // the model calls, in order
   size_t next_ = 0;
   std::vector<torch::Tensor> rows_;   // [pieces taken]: each [t, vocab]
 };
+
+// The requests of one multiple-choice document (its choices) as one stream, the requests
+// one after another. With `reuse` (decode mode only), requests whose first model call is
+// the same and whose policy states agree (Policy::states_agree) form a group, which shares
+// the calls all of them make: those run once, for the group's first request, and the
+// others continue a fork of its cache (ScoreStream::continue_from). Requests of several
+// documents may come in one list (a server request's prompts): each joins the first group
+// it shares a call with. Each result equals score_sequence() of its request
+// alone, bit for bit: the calls are the same ones. (The full cache runs each request as
+// one block, which shares no call: see docs/ARCHITECTURE.md.)
+class SharedContextStream : public BatchStream {
+ public:
+  SharedContextStream(const Model& model, const Policy& policy, Mode mode, const std::vector<ScoreRequest>& requests,
+                      bool reuse);
+  bool done() const override { return current_ >= order_.size(); }
+  BatchSegment next() override { return streams_[order_[current_]]->next(); }
+  void take(const torch::Tensor& logits) override;
+  // One per request, in request order, once done().
+  std::vector<SequenceScore> results();
+  // Model calls the requests did not run themselves, having continued a shared context.
+  int64_t calls_saved() const { return calls_saved_; }
+
+ private:
+  void skip_finished();
+  std::vector<std::unique_ptr<ScoreStream>> streams_;  // [requests]
+  std::vector<int> order_;          // the streams in the order they run: each group's first one, then the rest
+  std::vector<size_t> context_of_;  // [requests]: a group's first stream: its shared calls (0: none)
+  std::vector<std::vector<int>> continuing_;  // [requests]: a group's first stream: the others of its group
+  size_t current_ = 0;
+  int64_t calls_saved_ = 0;
+};
+
+// One document's requests through a SharedContextStream run alone (batch 1).
+std::vector<SequenceScore> score_shared_context(const Model& model, const Policy& policy, Mode mode,
+                                                const std::vector<ScoreRequest>& requests, bool reuse,
+                                                int64_t* calls_saved = nullptr);
+
+// Every document's requests (documents[d]) scored by a SharedContextStream each, up to
+// batch_size documents at a time (run_batched), longest first. Result [d][i] equals
+// score_sequence() of documents[d][i] alone, bit for bit.
+// finished(d) is called as document d ends; calls_saved, when given, adds up the model
+// calls that reuse saved.
+std::vector<std::vector<SequenceScore>> score_documents(const Model& model, const Policy& policy, Mode mode,
+                                                        const std::vector<std::vector<ScoreRequest>>& documents,
+                                                        int batch_size, bool reuse,
+                                                        const std::function<void(int)>& finished = {},
+                                                        int64_t* calls_saved = nullptr);
 
 // score_sequence() of every request, up to batch_size at a time (run_batched), longest
 // first as lm-eval orders them; result i equals score_sequence() of request i alone.

@@ -142,10 +142,29 @@ Completer::Prepared Completer::prepare(const CompletionRequest& request) const {
 }
 
 std::vector<Choice> Completer::complete(const Prepared& prepared, const TextSink& sink) const {
+  const CompletionRequest& request = *prepared.request;
+  // Prompts that are scored (lm-eval's loglikelihood requests: a document's choices in one
+  // request) share their context in decode mode, as eval's do (SharedContextStream): the
+  // same numbers, the common calls run once. A prompt the policy refuses is scored alone
+  // below, where its error names it.
+  std::vector<SequenceScore> scored;
+  if (request.echo && request.logprobs >= 0 && settings_.mode == Mode::Decode && prepared.prompts.size() > 1) {
+    const int context_tokens = settings_.protocol == Protocol::PrefillCompress ? request.policy.context_tokens : 0;
+    std::vector<ScoreRequest> passes;
+    for (const std::vector<int>& prompt : prepared.prompts)
+      passes.push_back(joint_score_request(model_, settings_.protocol, prompt, context_tokens, 0,
+                                           std::max(1, request.logprobs)));
+    try {
+      scored = score_shared_context(model_, *prepared.policy, settings_.mode, passes, true);
+    } catch (const Error&) {
+      scored.clear();
+    }
+  }
   std::vector<Choice> choices;
   for (size_t i = 0; i < prepared.prompts.size(); ++i) {
     try {
-      choices.push_back(complete_one(*prepared.policy, *prepared.request, prepared.prompts[i], static_cast<int>(i), sink));
+      choices.push_back(complete_one(*prepared.policy, request, prepared.prompts[i], static_cast<int>(i), sink,
+                                     scored.empty() ? nullptr : &scored[i]));
     } catch (const Error& e) {
       // What the policy refuses for this sequence (a token budget longer than the prompt, ...).
       throw RequestError(400, "prompt[" + std::to_string(i) + "]: " + e.what(), "kvevict");
@@ -155,7 +174,7 @@ std::vector<Choice> Completer::complete(const Prepared& prepared, const TextSink
 }
 
 Choice Completer::complete_one(const Policy& policy, const CompletionRequest& request, const std::vector<int>& prompt,
-                               int index, const TextSink& sink) const {
+                               int index, const TextSink& sink, const SequenceScore* prompt_score) const {
   const Tokenizer& tokenizer = model_.require_tokenizer();
   const int T = static_cast<int>(prompt.size());
   const int eos = model_.arch().eos_token_id;
@@ -175,7 +194,9 @@ Choice Completer::complete_one(const Policy& policy, const CompletionRequest& re
   SequenceScore scored;
   if (prompt_logprobs) {
     const int context_tokens = settings_.protocol == Protocol::PrefillCompress ? request.policy.context_tokens : 0;
-    scored = score_joint_request(model_, policy, settings_.mode, settings_.protocol, prompt, context_tokens, 0, top_k);
+    scored = prompt_score ? *prompt_score
+                          : score_joint_request(model_, policy, settings_.mode, settings_.protocol, prompt,
+                                                context_tokens, 0, top_k);
     choice.kv_tokens_full = T;
     double kept = 0;
     for (int k : scored.kv.kept_per_layer) kept += k;

@@ -69,8 +69,10 @@ class Completer {
   std::vector<Choice> complete(const Prepared& prepared, const TextSink& sink = {}) const;
 
  private:
+  // prompt_score: the prompt's scoring pass when it ran already (shared with the request's
+  // other prompts); null: run it here.
   Choice complete_one(const Policy& policy, const CompletionRequest& request, const std::vector<int>& prompt,
-                      int index, const TextSink& sink) const;
+                      int index, const TextSink& sink, const SequenceScore* prompt_score) const;
   const Model& model_;
   CompletionSettings settings_;
   std::shared_ptr<const Policy> policy_;
