@@ -28,6 +28,8 @@ using namespace kvevict;
 
 using kvevict::test::same_bits;
 
+using kvevict::test::tokens_of;
+
 namespace {
 
 // A 2-layer random LLaMA with hidden 512: its matrices are 1 MiB in float32, so decode
@@ -57,12 +59,6 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   std::vector<double> u(x.data_ptr<double>(), x.data_ptr<double>() + x.numel());
   std::vector<double> v(y.data_ptr<double>(), y.data_ptr<double>() + y.numel());
   return test::max_diff(u, v);
-}
-
-std::vector<int> tokens_of(int n, int seed, int vocab) {
-  std::vector<int> t(n);
-  for (int i = 0; i < n; ++i) t[i] = 1 + (seed * 131 + i * 37 + i * i * 7) % (vocab - 1);
-  return t;
 }
 
 // Teacher-forced decode of several sequences with their own backends, every step in one

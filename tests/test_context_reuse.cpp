@@ -15,20 +15,13 @@
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
-// Catch last: LibTorch pulls in glog, whose CHECK macros would shadow Catch's.
-#undef CHECK
-#undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch_libtorch.h"
 
 using namespace kvevict;
 
-namespace {
+using kvevict::test::tokens_of;
 
-std::vector<int> tokens_of(int n, int seed, int vocab) {
-  std::vector<int> t(n);
-  for (int i = 0; i < n; ++i) t[i] = 1 + (seed * 131 + i * 37 + i * i * 7) % (vocab - 1);
-  return t;
-}
+namespace {
 
 // One document: a 14-token context and three continuations of 5, 9 and 5 tokens (two of
 // equal length, so policies that need equal lengths still have a pair to share), as eval

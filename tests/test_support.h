@@ -46,6 +46,14 @@ CommandResult run_command(const std::string& command_line);
 // process with a different environment (e.g. ATEN_CPU_CAPABILITY, read once per process).
 std::string self_binary();
 
+// n deterministic token ids in [1, vocab), different for each seed: model input that is
+// not text.
+inline std::vector<int> tokens_of(int n, int seed, int vocab) {
+  std::vector<int> t(n);
+  for (int i = 0; i < n; ++i) t[i] = 1 + (seed * 131 + i * 37 + i * i * 7) % (vocab - 1);
+  return t;
+}
+
 }  // namespace kvevict::test
 
 // Catch 2 has no SKIP. A test case that cannot run on this machine says why with this

@@ -299,15 +299,19 @@ template class KvHeadStore<float>;
 template class KvHeadStore<double>;
 
 // ---------------------------------------------------------------------------------
-int64_t kv_bytes_bound(const KvQuantSpec& spec, int64_t tokens, int64_t head_dim) {
+int64_t kv_bytes_bound(const KvQuantSpec& spec, int64_t tokens, int64_t head_dim, int64_t length) {
   if (!spec.enabled()) return full_precision_bytes(tokens, head_dim);
   const int64_t d = head_dim, b = spec.bits, R = spec.residual, G = spec.group, fp = 8 * kFullPrecisionBytes;
-  const int64_t key_residual = std::min(tokens, R), value_residual = std::min(tokens, R + 1);
-  const int64_t key_quantized = tokens - key_residual, value_quantized = tokens - value_residual;
-  const int64_t blocks = key_quantized > 0 ? std::min(key_quantized, (key_quantized + G - 1) / G + 2) : 0;
-  const int64_t bits = (key_quantized + value_quantized) * d * b + (blocks * d + value_quantized * (d / G)) * 2 * fp +
-                       (key_residual + value_residual) * d * fp;
-  return (bits + 7) / 8;
+  const int64_t key_groups = (length + G - 1) / G;
+  // bits: codes, then a group's scale and min (fp16 each), then full-precision elements.
+  int64_t key_bits = 0;
+  for (int64_t residual = std::min<int64_t>(tokens, 1); residual <= std::min(tokens, R); ++residual) {
+    const int64_t quantized = tokens - residual;
+    key_bits = std::max(key_bits, quantized * d * b + std::min(quantized, key_groups) * d * 2 * fp + residual * d * fp);
+  }
+  const int64_t value_residual = std::min(tokens, R + 1), value_quantized = tokens - value_residual;
+  const int64_t value_bits = value_quantized * (d * b + (d / G) * 2 * fp) + value_residual * d * fp;
+  return (key_bits + value_bits + 7) / 8;
 }
 
 int64_t tokens_for_memory(const KvQuantSpec& spec, double fraction, int64_t length, int64_t head_dim) {
@@ -315,7 +319,7 @@ int64_t tokens_for_memory(const KvQuantSpec& spec, double fraction, int64_t leng
   int64_t lo = 0, hi = length;  // the bound grows with the tokens: the largest that fits
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (static_cast<double>(kv_bytes_bound(spec, mid, head_dim)) <= budget) lo = mid;
+    if (static_cast<double>(kv_bytes_bound(spec, mid, head_dim, length)) <= budget) lo = mid;
     else hi = mid - 1;
   }
   return lo;

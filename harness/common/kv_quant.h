@@ -154,13 +154,13 @@ class KvHeadStore {
 extern template class KvHeadStore<float>;
 extern template class KvHeadStore<double>;
 
-// The byte count of a KIVI cache holding `tokens` tokens of one KV head, the most it can
-// be at attention: the key residual full (R - 1 plus the new token, or all when fewer),
-// R + 1 values in the residual, and two key blocks more than the quantized keys fill
-// (a window's oldest block and the sinks' are partly kept). Scattered evictions (scored
-// policies) can keep more blocks alive than that; kv_bytes_peak reports what was held.
-// bits 16: the fp16 cache.
-int64_t kv_bytes_bound(const KvQuantSpec& spec, int64_t tokens, int64_t head_dim);
+// The most bytes a KIVI cache of one KV head can hold at attention with `tokens` tokens
+// kept of a sequence of `length`, whichever tokens a policy keeps: R + 1 values in the
+// residual (a quantized value is cheaper), and for the keys the worst split between the
+// residual (the new token and up to R - 1 others) and quantized keys each alive in its own
+// group (a scattered kept set pays a group's scale and min per kept key, up to the
+// ceil(length / G) groups the sequence has). bits 16: the fp16 cache.
+int64_t kv_bytes_bound(const KvQuantSpec& spec, int64_t tokens, int64_t head_dim, int64_t length);
 // --kv-memory: the most tokens per KV head (the current one included) whose bound fits
 // `fraction` of the fp16 cache of `length` tokens; 0 when none fits.
 int64_t tokens_for_memory(const KvQuantSpec& spec, double fraction, int64_t length, int64_t head_dim);
