@@ -355,9 +355,10 @@ std::string svg_header(const PlotSpec& plot, const Layout& layout) {
          coordinate(height) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   svg += "<rect x=\"0\" y=\"0\" width=\"" + coordinate(width) + "\" height=\"" +
          coordinate(height) + "\" fill=\"white\"/>\n";
-  std::string title = !plot.title.empty() ? plot.title
-                                           : plot.task + ": " + plot.metric +
-                                                 (plot.kind == "budget" ? " vs budget" : " vs heavy-hitter share");
+  const char* against = plot.kind == "budget" ? " vs budget"
+                        : plot.kind == "bytes" ? " vs KV cache bytes"
+                                               : " vs heavy-hitter share";
+  const std::string title = !plot.title.empty() ? plot.title : plot.task + ": " + plot.metric + against;
   svg += "<text x=\"" + coordinate(left + plot_width / 2) +
          "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
          "</text>\n";

@@ -30,8 +30,8 @@ struct PlotSeries {
 struct PlotSpec {
   std::string task;
   std::string metric;
-  std::string kind;      // "budget" or "heavy_share"
-  std::string x_column;  // "budget", "budget_tokens" or "heavy_share"
+  std::string kind;      // "budget", "heavy_share" or "bytes"
+  std::string x_column;  // "budget", "budget_tokens", "heavy_share" or "kv_bytes_peak"
   std::vector<PlotSeries> series;
   // Free-form plots (kvevict analyze) name their own title and axes; empty: derived
   // from task, metric and x_column.

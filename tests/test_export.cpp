@@ -534,6 +534,40 @@ TEST_CASE("SVG plots are well-formed XML, one per figure", "[export]") {
   CHECK(ablation[0].series[0].points.size() == 3);  // heavy share 0.25, 0.5, 0.75
 }
 
+TEST_CASE("an equal-memory sweep plots accuracy against the bytes each cell held", "[export]") {
+  std::vector<ResultRow> rows;
+  rows.push_back(make_row("copa", "full", std::nullopt, "acc", 0.70, 0.046));
+  rows.back().kv_bytes_peak = 4096;
+  for (int bits : {16, 2}) {
+    ResultRow kivi = make_row("copa", "full", std::nullopt, "acc", 0.68, 0.046);
+    kivi.kv_bits = bits;
+    kivi.kv_bytes_peak = bits == 16 ? 4096 : 1024;
+    if (bits != 16) rows.push_back(kivi);
+    for (double memory : {0.25, 0.5}) {
+      ResultRow row = make_row("copa", "h2o", std::nullopt, "acc", 0.6 + memory / 10, 0.048);
+      row.kv_bits = bits;
+      row.kv_memory = memory;
+      row.kv_bytes_peak = static_cast<int64_t>(memory * 4096) - (bits == 2 ? 100 : 0);
+      rows.push_back(row);
+    }
+  }
+  const auto plots = kvevict::bytes_plots(rows);
+  REQUIRE(plots.size() == 1);
+  // One line per policy and bits, the full cache's first: full 16, full 2, h2o 16, h2o 2.
+  REQUIRE(plots[0].series.size() == 4);
+  CHECK(plots[0].series[1].label == "full 2-bit");
+  CHECK(plots[0].series[3].label == "h2o 2-bit");
+  REQUIRE(plots[0].series[3].points.size() == 2);
+  CHECK(plots[0].series[3].points[0].x == Approx((1024 - 100) / 1024.0));  // KiB
+  CHECK(plots[0].series[3].points[1].y == Approx(0.65));
+  const std::string svg = kvevict::render_svg(plots[0]);
+  CHECK(xml_problem(svg).empty());
+  CHECK_THAT(svg, Catch::Contains(">copa: acc vs KV cache bytes</text>"));
+  CHECK_THAT(svg, Catch::Contains("KV cache at its peak (KiB"));
+  // Without a byte budget or a quantized cache there is nothing to plot against bytes.
+  CHECK(kvevict::bytes_plots(sample_sweep()).empty());
+}
+
 TEST_CASE("the notebook executes headless with jupyter nbconvert", "[export][jupyter]") {
   // Not a skip: CI installs jupyter-nbconvert, python3-ipykernel, python3-pandas and
   // python3-matplotlib, and a notebook that cannot run is a broken export.
