@@ -450,9 +450,6 @@ TEST_CASE("analyze reports a DMC model's per-head compression (tokens / slots)",
 }
 
 TEST_CASE("results files from before dmc_merge_rate still read, and an append upgrades them", "[dmc][results]") {
-  std::vector<std::string> older;
-  for (const auto& c : result_columns())
-    if (c != "dmc_merge_rate") older.push_back(c);
   ResultRow row;
   row.model = "m";
   row.task = "copa";
@@ -460,14 +457,7 @@ TEST_CASE("results files from before dmc_merge_rate still read, and an append up
   row.metric = "acc";
   row.value = 0.5;
   row.n = 10;
-  const auto fields = row.fields();
-  std::string text;
-  for (size_t i = 0; i < older.size(); ++i) text += (i ? "," : "") + older[i];
-  text += "\n";
-  for (size_t i = 0; i < older.size(); ++i) text += (i ? "," : "") + csv_quote(fields.at(older[i]));
-  text += "\n";
-  const std::string path = test::temp_dir("pre-dmc-results") + "/results.csv";
-  std::ofstream(path, std::ios::binary) << text;
+  const std::string path = test::write_older_results("pre-dmc-results", {"dmc_merge_rate"}, row);
   auto rows = read_results_csv(path);
   REQUIRE(rows.size() == 1);
   CHECK(!rows[0].dmc_merge_rate);

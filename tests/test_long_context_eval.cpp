@@ -212,9 +212,6 @@ TEST_CASE("a sweep varies lengths, niah depths and question modes", "[long-conte
 
 TEST_CASE("results files from before the long-context columns still read, and an append upgrades them",
           "[long-context][results]") {
-  std::vector<std::string> older;
-  for (const auto& c : result_columns())
-    if (c != "length" && c != "depth" && c != "question" && c != "haystack") older.push_back(c);
   ResultRow row;
   row.model = "m";
   row.task = "copa";
@@ -222,14 +219,7 @@ TEST_CASE("results files from before the long-context columns still read, and an
   row.metric = "acc";
   row.value = 0.5;
   row.n = 10;
-  const auto fields = row.fields();
-  std::string text;
-  for (size_t i = 0; i < older.size(); ++i) text += (i ? "," : "") + older[i];
-  text += "\n";
-  for (size_t i = 0; i < older.size(); ++i) text += (i ? "," : "") + csv_quote(fields.at(older[i]));
-  text += "\n";
-  const std::string path = test::temp_dir("older-results") + "/results.csv";
-  std::ofstream(path, std::ios::binary) << text;
+  const std::string path = test::write_older_results("older-results", {"length", "depth", "question", "haystack"}, row);
   auto rows = read_results_csv(path);
   REQUIRE(rows.size() == 1);
   CHECK(rows[0].task == "copa");

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <wordexp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
+#include "notebooks-export/results_csv.h"
 
 namespace kvevict::test {
 
@@ -65,6 +67,21 @@ std::string temp_dir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+std::string write_older_results(const std::string& name, const std::vector<std::string>& missing, const ResultRow& row) {
+  std::vector<std::string> older;
+  for (const auto& column : result_columns())
+    if (std::find(missing.begin(), missing.end(), column) == missing.end()) older.push_back(column);
+  const auto fields = row.fields();
+  std::string text;
+  for (size_t i = 0; i < older.size(); ++i) text += (i ? "," : "") + older[i];
+  text += "\n";
+  for (size_t i = 0; i < older.size(); ++i) text += (i ? "," : "") + csv_quote(fields.at(older[i]));
+  text += "\n";
+  const std::string path = temp_dir(name) + "/results.csv";
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
 }
 
 std::string kvevict_binary() {

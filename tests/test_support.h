@@ -8,6 +8,7 @@
 
 namespace kvevict {
 class Model;
+struct ResultRow;
 }
 
 namespace kvevict::test {
@@ -24,6 +25,10 @@ std::vector<int> golden_tokens();
 std::string error_of(const std::function<void()>& fn);
 // A fresh empty temporary directory for one test.
 std::string temp_dir(const std::string& name);
+
+// A results.csv in a fresh temporary folder `name` as an older kvevict wrote it: the
+// header without the columns in `missing`, then `row`. Returns its path.
+std::string write_older_results(const std::string& name, const std::vector<std::string>& missing, const ResultRow& row);
 
 struct CommandResult {
   int exit_code;
