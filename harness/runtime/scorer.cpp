@@ -8,6 +8,13 @@
 
 namespace kvevict {
 
+namespace {
+
+// Whether two model calls compute the same thing: the same tokens at the same positions.
+bool same_call(const BatchSegment& a, const BatchSegment& b) { return a.tokens == b.tokens && a.start == b.start; }
+
+}  // namespace
+
 SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   SequenceShape shape;
   shape.length = length;
@@ -101,7 +108,7 @@ bool ScoreStream::continue_from(const ScoreStream& context) {
   if (!context.cache_ || !cache_ || next_ != 0 || context.next_ > pieces_.size())
     throw Error("internal: continue_from needs two decode-mode streams, this one not started");
   for (size_t i = 0; i < context.next_; ++i)
-    if (pieces_[i].tokens != context.pieces_[i].tokens || pieces_[i].start != context.pieces_[i].start)
+    if (!same_call(pieces_[i], context.pieces_[i]))
       throw Error("internal: continue_from a context whose model calls differ");
   std::unique_ptr<CacheAttention> fork = context.cache_->fork(shape_);
   if (!fork) return false;
@@ -143,14 +150,31 @@ SequenceScore ScoreStream::result() {
   return result;
 }
 
-SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
-                             const std::vector<int>& tokens, int prefill_len, int budget_length,
-                             int final_target, int first_logprob, int top_k) {
-  ScoreStream stream(model, policy, mode, {tokens, prefill_len, budget_length, final_target, first_logprob, top_k});
+namespace {
+
+// Runs a stream's model calls one after another (batch 1).
+void run_alone(const Model& model, BatchStream& stream) {
   while (!stream.done()) {
     const BatchSegment segment = stream.next();
     stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
   }
+}
+
+// 0 .. n-1 ordered by length(i), longest first, equal lengths in index order (lm-eval's order).
+std::vector<int> longest_first(int n, const std::function<size_t(int)>& length) {
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return length(a) > length(b); });
+  return order;
+}
+
+}  // namespace
+
+SequenceScore score_sequence(const Model& model, const Policy& policy, Mode mode,
+                             const std::vector<int>& tokens, int prefill_len, int budget_length,
+                             int final_target, int first_logprob, int top_k) {
+  ScoreStream stream(model, policy, mode, {tokens, prefill_len, budget_length, final_target, first_logprob, top_k});
+  run_alone(model, stream);
   return stream.result();
 }
 
@@ -158,10 +182,7 @@ std::vector<SequenceScore> score_batch(const Model& model, const Policy& policy,
                                        const std::vector<ScoreRequest>& requests, int batch_size,
                                        const std::function<void(int)>& finished) {
   const int n = static_cast<int>(requests.size());
-  std::vector<int> order(n);  // longest first; equal lengths in request order
-  for (int i = 0; i < n; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return requests[a].tokens.size() > requests[b].tokens.size(); });
+  const std::vector<int> order = longest_first(n, [&](int i) { return requests[i].tokens.size(); });
   std::vector<SequenceScore> results(n);
   run_batched(
       model, n, batch_size,
@@ -181,7 +202,7 @@ size_t shared_calls(const std::vector<const ScoreStream*>& streams) {
   for (;; ++k)
     for (const ScoreStream* s : streams) {
       const auto& a = s->pieces(), & b = streams.front()->pieces();
-      if (k >= a.size() || k >= b.size() || a[k].tokens != b[k].tokens || a[k].start != b[k].start) return k;
+      if (k >= a.size() || k >= b.size() || !same_call(a[k], b[k])) return k;
     }
 }
 
@@ -249,10 +270,7 @@ std::vector<SequenceScore> score_shared_context(const Model& model, const Policy
                                                 const std::vector<ScoreRequest>& requests, bool reuse,
                                                 int64_t* calls_saved) {
   SharedContextStream stream(model, policy, mode, requests, reuse);
-  while (!stream.done()) {
-    const BatchSegment segment = stream.next();
-    stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
-  }
+  run_alone(model, stream);
   if (calls_saved) *calls_saved += stream.calls_saved();
   return stream.results();
 }
@@ -263,14 +281,11 @@ std::vector<std::vector<SequenceScore>> score_documents(const Model& model, cons
                                                         const std::function<void(int)>& finished,
                                                         int64_t* calls_saved) {
   const int n = static_cast<int>(documents.size());
-  auto longest = [&](int d) {
+  const std::vector<int> order = longest_first(n, [&](int d) {  // by each document's longest request
     size_t most = 0;
     for (const ScoreRequest& r : documents[d]) most = std::max(most, r.tokens.size());
     return most;
-  };
-  std::vector<int> order(n);  // longest first; equal lengths in document order
-  for (int d = 0; d < n; ++d) order[d] = d;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return longest(a) > longest(b); });
+  });
   std::vector<std::vector<SequenceScore>> results(n);
   run_batched(
       model, n, batch_size,
@@ -393,10 +408,7 @@ Generation GenerationStream::result() {
 Generation generate(const Model& model, const Policy& policy, const std::vector<int>& prompt,
                     const GenerateOptions& options) {
   GenerationStream stream(model, policy, prompt, options);
-  while (!stream.done()) {
-    const BatchSegment segment = stream.next();
-    stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
-  }
+  run_alone(model, stream);
   return stream.result();
 }
 
