@@ -332,6 +332,15 @@ int bench_tokenizers(const BenchArgs& args, const ConfigObject& config, const st
 // decode tokens/s at each batch size with the share of the step spent in attention (the
 // policy's bookkeeping included), generation end to end, multiple choice, and the peak
 // resident memory of a batch against the KV bytes it holds.
+// A model folder as given (relative to the working directory) or, when no such folder
+// exists, in the data folder; its ops on `threads` threads.
+std::unique_ptr<Model> load_model_at(const std::string& dir, const std::string& data_override, const BenchArgs& args,
+                                     int threads) {
+  auto model = Model::load(std::filesystem::exists(dir) ? dir : data_path(dir, data_override), args.runtime.options);
+  use_threads_for(*model, threads);
+  return model;
+}
+
 int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::string& data_override) {
   constexpr long long kMost = std::numeric_limits<int>::max();
   const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
@@ -465,8 +474,7 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
     eval_pair(*model, generation_task, generation_limit, generation_max_length, Mode::Decode, "batch_generation");
   }
   for (const std::string& dir : mc_models) {
-    auto model = Model::load(std::filesystem::exists(dir) ? dir : data_path(dir, data_override), args.runtime.options);
-    use_threads_for(*model, threads);
+    auto model = load_model_at(dir, data_override, args, threads);
     eval_pair(*model, mc_task, mc_limit, 1024, Mode::Sim, "batch_mc " + dir + " sim");
     eval_pair(*model, mc_task, mc_limit, 1024, Mode::Decode, "batch_mc " + dir + " decode");
   }
@@ -510,9 +518,7 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
   const int repeat = config.integer("repeat", args.repeat, 1, kMost);
   const int batch = args.batch_size > 0 ? args.batch_size : config.integer("batch_size", 1, 1, 4096);
   const int threads = set_thread_count(args.runtime.options.threads);
-  auto model = Model::load(std::filesystem::exists(model_dir) ? model_dir : data_path(model_dir, data_override),
-                           args.runtime.options);
-  use_threads_for(*model, threads);
+  auto model = load_model_at(model_dir, data_override, args, threads);
   std::cout << std::fixed << std::setprecision(4);
   std::cout << "context_reuse model " << model_dir << " threads " << threads << " batch " << batch << " load_average "
             << load_average() << std::endl;
