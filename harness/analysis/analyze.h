@@ -81,13 +81,14 @@ struct AttentionAnalysis {
   std::vector<std::string> write_plots(const AnalyzeOptions& options, const std::string& dir) const;
 };
 
-// Runs `model` with full attention over each sequence and collects the statistics.
 // The attention backend analyze runs with --kv-quant: the model's attention over a KIVI
 // cache in the stream protocol, row by row as decode mode computes it, each row's scaled
 // logits and probabilities handed to observer (first = the row's position, rows = 1).
 std::unique_ptr<AttentionBackend> make_observed_kivi_attention(const KvQuantSpec& spec, torch::ScalarType dtype,
                                                               AttentionObserver observer);
 
+// Runs `model` over each sequence with full attention (over a KIVI cache when
+// options.policy_options.kv_quant is on) and collects the statistics.
 AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::vector<int>>& sequences,
                                     const AnalyzeOptions& options);
 

@@ -12,9 +12,6 @@
 
 namespace kvevict {
 
-// One flag per parameter any policy declares (--n-sink, --window, --kernel, --pooling,
-// --policy-seed, --stride, --summary, --group-reduce, --pyramid-beta, ...), checked
-// against its declaration as it is parsed.
 // The cache's quantization (harness/common/kv_quant.h). CLI11 runs the callbacks in this
 // order, so --kv-quant kivi sees --kv-bits (2 when not given).
 inline void add_kv_quant_flags(CLI::App& app, KvQuantSpec& spec) {
@@ -36,6 +33,9 @@ inline void add_kv_quant_flags(CLI::App& app, KvQuantSpec& spec) {
       "KV-cache quantization: none or kivi");
 }
 
+// One flag per parameter any policy declares (--n-sink, --window, --kernel, --pooling,
+// --policy-seed, --stride, --summary, --group-reduce, --pyramid-beta, ...), checked
+// against its declaration as it is parsed.
 inline void add_policy_param_flags(CLI::App& app, PolicyParams& params) {
   for (const ParamSpec* spec : all_policy_params()) {
     app.add_option_function<std::string>(

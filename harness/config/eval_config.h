@@ -55,7 +55,7 @@ struct EvalConfig {
   int batch_size = 0;
   // Multiple choice in decode mode: a document's choices share the calls of their common
   // context (SharedContextStream, harness/runtime/scorer.h). Not part of the identity:
-  // every number is the same either way (the full cache within rounding).
+  // every number is the same either way.
   bool context_reuse = true;
 };
 
