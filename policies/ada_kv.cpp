@@ -114,6 +114,7 @@ class AdaHeadState : public LayerState {
   }
 
   void append(int position, float key_norm) override { head_.append(position, key_norm); }
+  void merge(int position, float key_norm) override { head_.merge(position, key_norm); }
   void observe(const float* probs) override { head_.observe(probs); }
 
   bool compress(std::vector<int>* keep) override {

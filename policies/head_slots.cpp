@@ -13,6 +13,11 @@ float* HeadSlots::append(int position) {
   return values.data() + values.size() - channels;
 }
 
+float* HeadSlots::renew_last(int position) {
+  positions.back() = position;
+  return values.data() + values.size() - channels;
+}
+
 void HeadSlots::erase(int slot) {
   positions.erase(positions.begin() + slot);
   const auto first = values.begin() + static_cast<ptrdiff_t>(slot) * channels;

@@ -21,6 +21,8 @@ struct HeadSlots {
   int size() const { return static_cast<int>(positions.size()); }
   // Appends a slot with zeroed channels; returns them.
   float* append(int position);
+  // The newest slot stands for `position` now (a DMC merge); returns its channels as they are.
+  float* renew_last(int position);
   void erase(int slot);
   // Keeps the slots `kept` (ascending), in that order.
   void gather(const std::vector<int>& kept);

@@ -102,6 +102,7 @@ class ScoredHeadState : public LayerState {
   }
 
   void append(int position, float key_norm) override { head_.append(position, key_norm); }
+  void merge(int position, float key_norm) override { head_.merge(position, key_norm); }
   void observe(const float* probs) override { head_.observe(probs); }
 
   bool compress(std::vector<int>* keep) override {
@@ -152,7 +153,7 @@ class ScoredHeadState : public LayerState {
 
 LayerStates ScoredPolicy::make_layer_states(int layer, const SequenceShape& shape) const {
   LayerStates states;
-  states.lockstep = shared_across_heads();
+  states.lockstep = states.same_slots = shared_across_heads();
   auto shared = states.lockstep ? std::make_shared<SharedScores>(*this, shape.n_kv_heads) : nullptr;
   const Budget budget = layer_budget(layer, shape);
   const GroupReduce reduce = parse_group_reduce(options_.params.text(kGroupReduce));

@@ -60,6 +60,11 @@ class LayerState {
   virtual std::unique_ptr<LayerState> clone(LayerStateCopies& copies) const { return nullptr; }
   // Token `position` enters as the last slot; key_norm is the L2 norm of its key.
   virtual void append(int position, float key_norm) = 0;
+  // DMC (docs/DMC.md): token `position` folds into the newest slot, which is the previous
+  // token's; the slot now stands for `position` (its position for recency) and its key has
+  // changed (key_norm is the new key's norm). What the policy gathered about the slot
+  // stays. Only called on a model that merges.
+  virtual void merge(int position, float key_norm) = 0;
   // Static sparse patterns keep slots cached that the query at `query_position` must not
   // attend: they fill visible (one 0/1 per slot) and return true. False: the query may
   // attend every slot (the model's sliding window still applies; the driver adds it).
@@ -98,6 +103,9 @@ struct LayerStates {
   // compress). Otherwise no head reads another's state, and the driver may run each head
   // on its own thread through a whole block of queries.
   bool lockstep = false;
+  // The heads hold the same slots, slot for slot (a decision shared through SharedScores),
+  // so they cannot follow DMC's merges, which each head makes on its own.
+  bool same_slots = false;
 };
 
 class RealisablePolicy;

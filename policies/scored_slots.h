@@ -23,6 +23,13 @@ class ScoredSlots {
     policy_.on_append(slots, values, position, key_norm);
   }
 
+  // The newest slot now stands for `position` (LayerState::merge). The policy's on_append
+  // runs again over the slot's values as they are, so what it reads from the key and the
+  // position follows the new key, and what observe accumulated stays.
+  void merge(int position, float key_norm) {
+    policy_.on_append(slots, slots.renew_last(position), position, key_norm);
+  }
+
   // probs: [group][slots], the attention of the head's query heads.
   void observe(const float* probs) {
     reduce_group(probs, group_, slots.size(), reduce_, &aggregated_);

@@ -47,6 +47,12 @@ class PatternHeadState : public LayerState {
     if (scorer_) scorer_->on_append(slots_, values, position, key_norm);
   }
 
+  void merge(int position, float key_norm) override {
+    last_position_ = position;
+    float* values = slots_.renew_last(position);
+    if (scorer_) scorer_->on_append(slots_, values, position, key_norm);
+  }
+
   bool visible(int query_position, std::vector<char>* visible) const override {
     if (query_position < prefill_len_) return false;  // the prefill attends everything
     const auto& positions = slots_.positions;
@@ -120,7 +126,7 @@ LayerStates pattern_layer_states(std::shared_ptr<const StaticPattern> pattern, c
     throw Error("static patterns (sparse-strided, sparse-fixed and their compositions) have no budget to keep a "
                 "question uncompressed; use --question aware");
   LayerStates states;
-  states.lockstep = scorer && heavy > 0 && scorer->shared_across_heads();
+  states.lockstep = states.same_slots = scorer && heavy > 0 && scorer->shared_across_heads();
   auto shared = states.lockstep ? std::make_shared<SharedScores>(*scorer, shape.n_kv_heads) : nullptr;
   for (int h = 0; h < shape.n_kv_heads; ++h)
     states.heads.push_back(std::make_unique<PatternHeadState>(pattern, scorer, heavy, layer, h, shape,

@@ -79,6 +79,7 @@ class NoCloneState : public LayerState {
  public:
   explicit NoCloneState(int capacity) : capacity_(capacity) {}
   void append(int position, float) override { positions_.push_back(position); }
+  void merge(int position, float) override { positions_.back() = position; }
   void observe(const float*) override {}
   bool compress(std::vector<int>* keep) override {
     const int n = size();
@@ -242,8 +243,7 @@ TEST_CASE("what must not be reused is not: budgets from each request's length, c
 TEST_CASE("a fork goes on as the original would, and leaves the original as it was", "[reuse]") {
   // CacheAttention::fork directly: a context run once, then the same continuation through
   // the original and through its fork, against a fresh cache that runs both itself. DMC's
-  // merge state (its model runs only the full cache, whose requests eval never forks) and
-  // KIVI's stores are forked too.
+  // merge state (alone, and under h2o over its slots) and KIVI's stores are forked too.
   struct Case {
     std::string model, policy;
     PolicyOptions options;
@@ -254,6 +254,7 @@ TEST_CASE("a fork goes on as the original would, and leaves the original as it w
   kivi.kv_quant.residual = 8;
   kivi.budget.tokens = 9;
   const std::vector<Case> cases = {{"models/tiny-random-llama-dmc", "full", {}},
+                                   {"models/tiny-random-llama-dmc", "h2o", token_budget(9)},
                                    {"models/stories260K-hf", "full", {}},
                                    {"models/stories260K-hf", "h2o", token_budget(9)},
                                    {"models/stories260K-hf", "ada+snapkv", token_budget(9)},

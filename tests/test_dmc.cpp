@@ -406,14 +406,24 @@ TEST_CASE("a DMC checkpoint stored in bf16 widens exactly", "[dmc]") {
   }
 }
 
-TEST_CASE("DMC refuses what it does not implement: eviction over slots, --kv-quant, a backend without slots", "[dmc]") {
+TEST_CASE("DMC refuses what it does not implement: one decision for every head, sim-only, --kv-quant", "[dmc]") {
   auto model = load(test::data(kFixture), "float32");
   const std::vector<int> tokens = {1, 5, 9, 13, 200, 7, 7, 7};
   PolicyOptions o;
   o.budget.tokens = 4;
-  for (Mode mode : {Mode::Sim, Mode::Decode})
-    CHECK_THAT(error_of([&] { score_sequence(*model, *make_policy("h2o", o), mode, tokens); }),
-               Catch::Contains("h2o") && Catch::Contains("DMC") && Catch::Contains("dmc_window_size"));
+  for (Mode mode : {Mode::Sim, Mode::Decode}) {
+    // TOVA's heads keep the same slots; DMC's heads merge on their own.
+    CHECK_THAT(error_of([&] { score_sequence(*model, *make_policy("tova", o), mode, tokens); }),
+               Catch::Contains("tova") && Catch::Contains("DMC") && Catch::Contains("dmc_window_size"));
+    PolicyOptions kivi = o;
+    kivi.kv_quant.bits = 2;
+    kivi.kv_quant.group = 4;
+    kivi.kv_quant.residual = 8;
+    CHECK_THAT(error_of([&] { score_sequence(*model, *make_policy("h2o", kivi), mode, tokens); }),
+               Catch::Contains("--kv-quant") && Catch::Contains("dmc_window_size"));
+  }
+  CHECK_THAT(error_of([&] { score_sequence(*model, *make_policy("h2o-paper", o), Mode::Sim, tokens); }),
+             Catch::Contains("h2o-paper") && Catch::Contains("sim-only") && Catch::Contains("DMC"));
   FullAttention observed([](int, int64_t, int64_t, int64_t, const torch::Tensor&, const torch::Tensor&,
                             const torch::Tensor&) {},
                          0);
@@ -423,6 +433,63 @@ TEST_CASE("DMC refuses what it does not implement: eviction over slots, --kv-qua
   CacheAttention cache(*model, *full, shape_for(*model, 8, 0));
   model->forward({1, 5}, 0, cache);
   CHECK_THAT(error_of([&] { model->forward({9}, 3, cache); }), Catch::Contains("DMC") && Catch::Contains("position 3"));
+}
+
+TEST_CASE("eviction over DMC's slots: every realisable policy the same in sim and decode, within its budget",
+          "[dmc][policies]") {
+  const auto golden = test::read_json(test::data("golden/dmc_tiny_T120.json"));
+  const std::vector<int> tokens = golden["tokens"].get<std::vector<int>>();
+  auto model = load(test::data(kFixture), "float32");
+  const auto alone = score_sequence(*model, *full_policy(), Mode::Sim, tokens);
+  int policies_run = 0;
+  for (std::string name : policy_names()) {
+    PolicyOptions o;
+    o.budget.tokens = 24;
+    auto policy = make_policy(name, o);
+    if (!policy->realisable() || policy->keeps_everything()) continue;
+    if (policy->as_realisable()->make_layer_states(0, shape_for(*model, 120, 0)).same_slots) continue;  // refused above
+    INFO("policy " << name);
+    const auto sim = score_sequence(*model, *policy, Mode::Sim, tokens);
+    for (int prefill : {0, 50}) {
+      INFO("prefill " << prefill);
+      const auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
+      const auto sim_prefill = prefill ? score_sequence(*model, *policy, Mode::Sim, tokens, prefill) : sim;
+      CHECK(max_diff(sim_prefill.next_token_logprob, decode.next_token_logprob) < 1e-5);
+      CHECK(sim_prefill.kv.kept_per_head == decode.kv.kept_per_head);
+      CHECK(sim_prefill.kv.dmc_merge_rate == decode.kv.dmc_merge_rate);
+      CHECK(sim_prefill.kv.peak_bytes == decode.kv.peak_bytes);
+    }
+    // The first layer's decisions come from the tokens alone; the policy changes what the
+    // second layer sees, so its decisions may move.
+    CHECK(sim.kv.dmc_merge_rate[0] == alone.kv.dmc_merge_rate[0]);
+    CHECK(max_diff(sim.next_token_logprob, alone.next_token_logprob) > 1e-3);  // it evicted
+    ++policies_run;
+    if (name.rfind("sparse-", 0) == 0) continue;  // a static pattern's budget counts the keys a query sees
+    for (int l = 0; l < 2; ++l)
+      for (int kept : sim.kv.kept_per_head[l]) CHECK(kept <= policy->layer_budget(l, shape_for(*model, 120, 0)).capacity);
+  }
+  CHECK(policies_run >= 6);
+}
+
+TEST_CASE("a policy whose budget holds every DMC slot is DMC alone", "[dmc][policies]") {
+  const auto golden = test::read_json(test::data("golden/dmc_tiny_T120.json"));
+  const std::vector<int> tokens = golden["tokens"].get<std::vector<int>>();
+  PolicyOptions o;
+  o.budget.tokens = 120;  // the whole sequence
+  for (const auto& [dtype, tolerance] : {std::pair<std::string, double>{"float64", 1e-12}, {"float32", 1e-5}}) {
+    auto model = load(test::data(kFixture), dtype);
+    for (const std::string name : {"h2o", "local", "snapkv"}) {
+      auto policy = make_policy(name, o);
+      for (Mode mode : {Mode::Sim, Mode::Decode}) {
+        INFO(dtype << " " << name << (mode == Mode::Sim ? " sim" : " decode"));
+        const auto under = score_sequence(*model, *policy, mode, tokens);
+        const auto alone = score_sequence(*model, *full_policy(), mode, tokens);
+        CHECK(max_diff(under.next_token_logprob, alone.next_token_logprob) < tolerance);
+        CHECK(under.kv.kept_per_head == alone.kv.kept_per_head);
+        CHECK(under.kv.dmc_merge_rate == alone.kv.dmc_merge_rate);
+      }
+    }
+  }
 }
 
 TEST_CASE("analyze reports a DMC model's per-head compression (tokens / slots)", "[dmc]") {

@@ -59,6 +59,7 @@ class RaggedLocal : public RealisablePolicy {
   struct Head : LayerState {
     explicit Head(int keep) : keep_(keep) {}
     void append(int position, float) override { positions_.push_back(position); }
+    void merge(int position, float) override { positions_.back() = position; }
     void observe(const float*) override {}
     bool compress(std::vector<int>* keep) override {
       const int n = static_cast<int>(positions_.size());
@@ -314,4 +315,38 @@ TEST_CASE("heads that compress on threads of their own give the same row moves i
     for (size_t m = 3; m < runs[0].size(); m += 3) CHECK(runs[0][m - 3] <= runs[0][m]);  // head order
     for (size_t run = 1; run < runs.size(); ++run) CHECK(runs[run] == runs[0]);
   }
+}
+
+TEST_CASE("DMC merges through the driver: the newest slot takes the key, or a new one when it was evicted", "[driver][dmc]") {
+  // knorm keeps the 2 lowest key norms (no recent window). A merge renews the newest
+  // slot's position and norm; when knorm has evicted that slot, the key enters as a new one.
+  PolicyOptions o;
+  o.budget.tokens = 2;
+  auto knorm = make_policy("knorm", o);
+  PolicyDriver driver(*knorm->as_realisable(), 0, shape_of(10, 1, 1), 0, SlotColumns::Versions);
+  const std::vector<uint8_t> merges = {0, 0, 1, 0, 1, 1, 0, 1, 0, 1};
+  const std::vector<float> norms = {1, 2, 5, 3, 1.5, 9, 0.5, 7, 8, 0.1};
+  // Step 2's merge gives position 2 norm 5, so step 3 evicts it, not position 3 (norm 3).
+  // Step 8's key (norm 8) is evicted at once, so step 9's merge finds position 7 newest
+  // and enters as a new slot.
+  const std::vector<std::vector<int>> positions = {{0},    {0, 1}, {0, 2}, {0, 3}, {0, 4},
+                                                   {0, 5}, {0, 6}, {0, 7}, {0, 7}, {0, 9}};
+  const std::vector<std::vector<int>> columns = {{0},    {0, 1}, {0, 2}, {0, 2}, {0, 2},
+                                                 {0, 2}, {0, 2}, {0, 2}, {0, 1}, {0, 2}};
+  for (int i = 0; i < 10; ++i) {
+    INFO("step " << i);
+    driver.start_block(i);
+    const int n = driver.slots(0) + 1;  // the slots, then this step's key
+    std::vector<double> logits(n, 0.5);
+    driver.rows(i, 1, n, logits.data(), &norms[i], nullptr, &merges[i]);
+    CHECK(driver.state(0).positions() == positions[i]);
+    CHECK(driver.columns(0) == columns[i]);
+    double sum = 0;
+    for (double p : logits) sum += p;
+    CHECK(std::abs(sum - 1.0) < 1e-12);
+  }
+  // Merges are only read over version columns.
+  PolicyDriver by_rows(*knorm->as_realisable(), 0, shape_of(10, 1, 1), 0, SlotColumns::CacheRows);
+  std::vector<double> logits(1, 0.0);
+  CHECK_THROWS(by_rows.rows(0, 1, 1, logits.data(), &norms[0], nullptr, &merges[0]));
 }

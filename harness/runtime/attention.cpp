@@ -366,14 +366,23 @@ std::vector<torch::Tensor> per_head(const torch::Tensor& x) {
   return heads;
 }
 
-// DMC merges a realisable policy's slots under it; eviction over merged slots and a
-// quantized store of them are not implemented, so only the full cache runs.
+// Over DMC's slots run the full cache and every realisable policy whose heads decide on
+// their own; a quantized store of merged slots is not implemented.
 void check_dmc_policy(const Policy& policy) {
   if (policy.options().kv_quant.enabled())
     throw Error("--kv-quant over a DMC model (config.json dmc_window_size) is not implemented");
-  if (!policy.keeps_everything())
-    throw Error("policy " + policy.name() + " over a DMC model (config.json dmc_window_size) is not implemented; "
-                "DMC runs with --policy full");
+  if (!policy.realisable())
+    throw Error("policy " + policy.name() + " is sim-only; over a DMC model (config.json dmc_window_size) only "
+                "realisable policies run, on its merged slots");
+}
+
+// A driver over DMC's slots (SlotColumns::Versions).
+std::unique_ptr<PolicyDriver> make_dmc_driver(const Policy& policy, int layer, const SequenceShape& shape) {
+  auto driver = std::make_unique<PolicyDriver>(*policy.as_realisable(), layer, shape, 0, SlotColumns::Versions);
+  if (driver->same_slots())
+    throw Error("policy " + policy.name() + " keeps the same slots in every KV head of a layer, but a DMC model "
+                "(config.json dmc_window_size) merges each head's slots on its own");
+  return driver;
 }
 
 // A DMC layer's counts from its slots per KV head (all visible); returns the slots summed
@@ -454,6 +463,15 @@ torch::Tensor SimAttention::attend_merged(int layer, const torch::Tensor& q, con
   if (start != 0) throw Error("sim mode runs one teacher-forced pass; it cannot continue a sequence");
   check_dmc_policy(policy_);
   const int64_t T = q.size(0), n_kv = k.size(1), d = q.size(2);
+  if (!policy_.keeps_everything()) {
+    auto driver = make_dmc_driver(policy_, layer, shape_);
+    driver->start_block(0);
+    const auto norms = key_norms(k);  // [T, Hkv]
+    auto out = dmc_policy_attention(q, per_head(k), per_head(v), merges, *driver, 0, norms.data_ptr<float>());
+    add_full_precision_peak(stats_, record_driver_stats(stats_, layer, *driver, 2 * d * element_bytes(k)));
+    stats_.dmc_merge_rate[layer] = dmc_->merge_rate(layer);
+    return out;
+  }
   std::vector<int64_t> slots(n_kv);
   for (int64_t h = 0; h < n_kv; ++h) slots[h] = T - merges.select(1, h).sum().item<int64_t>();
   const int64_t total = record_dmc_stats(stats_, layer, slots, *dmc_);
@@ -618,14 +636,16 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
     cache.dmc_slots.assign(n_kv, 0);
     cache.dmc_keys.assign(n_kv, {});
     cache.dmc_values.assign(n_kv, {});
+    if (!policy_.keeps_everything()) cache.driver = make_dmc_driver(policy_, layer, shape_);
   }
   const uint8_t* mp = merges.data_ptr<uint8_t>();
   // Head h's buffers [capacity, d] hold its slots in rows 0 .. slots(h)-1, oldest first;
-  // the block's versions go to the rows after them. A merge at the block's first token
-  // replaces the head's last slot, so that row is not attended to and is overwritten.
+  // the block's versions go to the rows after them. Without a policy, a merge at the
+  // block's first token replaces the head's last slot, so that row is not attended to and
+  // is overwritten; with one, the driver merges.
   for (int64_t h = 0; h < n_kv; ++h) {
     int64_t& held = cache.dmc_slots[h];
-    if (mp[h] && held > 0) --held;
+    if (!cache.driver && mp[h] && held > 0) --held;
     for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
       torch::Tensor& buffer = (*buffers)[h];
       if (!buffer.defined() || buffer.size(0) < held + t) {
@@ -637,31 +657,54 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
     cache.dmc_keys[h].narrow(0, held, t).copy_(k.select(1, h));
     cache.dmc_values[h].narrow(0, held, t).copy_(v.select(1, h));
   }
-  auto out = dmc_block_attention(q, cache.dmc_keys, cache.dmc_values, cache.dmc_slots, merges);
-  // Each head keeps the block's final versions: a one-token step its only one, a block a
-  // subset in order, moved down over the versions that were replaced.
-  const std::vector<std::vector<int64_t>> kept = dmc_final_versions(merges);
+  torch::Tensor out;
+  std::vector<std::vector<int64_t>> kept(n_kv);  // per head: the rows it keeps, in slot order
+  if (cache.driver) {
+    cache.driver->start_block(start);
+    const auto norms = key_norms(k);  // [t, Hkv]
+    out = dmc_policy_attention(q, cache.dmc_keys, cache.dmc_values, merges, *cache.driver, start,
+                               norms.data_ptr<float>());
+    for (int64_t h = 0; h < n_kv; ++h) {
+      const std::vector<int>& columns = cache.driver->columns(static_cast<int>(h));
+      kept[h].assign(columns.begin(), columns.end());
+    }
+  } else {
+    out = dmc_block_attention(q, cache.dmc_keys, cache.dmc_values, cache.dmc_slots, merges);
+    // Each head keeps its slots and the block's final versions.
+    const std::vector<std::vector<int64_t>> finals = dmc_final_versions(merges);
+    for (int64_t h = 0; h < n_kv; ++h) {
+      for (int64_t row = 0; row < cache.dmc_slots[h]; ++row) kept[h].push_back(row);
+      for (int64_t j : finals[h]) kept[h].push_back(cache.dmc_slots[h] + j);
+    }
+  }
   for (int64_t h = 0; h < n_kv; ++h) {
-    int64_t& held = cache.dmc_slots[h];
-    const int64_t n = static_cast<int64_t>(kept[h].size());
+    const int64_t used = cache.dmc_slots[h] + t, n = static_cast<int64_t>(kept[h].size());
+    bool in_place = true;
+    for (int64_t s = 0; s < n; ++s) in_place = in_place && kept[h][s] == s;
     for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
       torch::Tensor& buffer = (*buffers)[h];
-      if (n < t) {
-        auto rows = (torch::tensor(kept[h], torch::kLong) + held).to(k.device());
-        buffer.narrow(0, held, n).copy_(buffer.index_select(0, rows));
-        buffer.narrow(0, held + n, t - n).zero_();  // unused rows stay finite and zero
+      if (!in_place) {
+        auto rows = torch::tensor(kept[h], torch::kLong).to(k.device());
+        buffer.narrow(0, 0, n).copy_(buffer.index_select(0, rows));
       }
+      if (used > n) buffer.narrow(0, n, used - n).zero_();  // unused rows stay finite and zero
       // Memory follows the slots, not the prefill block that made them: the slots and room
       // to grow, shrunk only above what step-by-step doubling leaves.
-      if (buffer.size(0) > 2 * (held + n + 1) + 16) {
-        auto smaller = torch::zeros({held + n + 1 + std::max<int64_t>(16, (held + n) / 8), d}, buffer.options());
-        smaller.narrow(0, 0, held + n).copy_(buffer.narrow(0, 0, held + n));
+      if (buffer.size(0) > 2 * (n + 1) + 16) {
+        auto smaller = torch::zeros({n + 1 + std::max<int64_t>(16, n / 8), d}, buffer.options());
+        smaller.narrow(0, 0, n).copy_(buffer.narrow(0, 0, n));
         buffer = smaller;
       }
     }
-    held += n;
+    cache.dmc_slots[h] = n;
   }
-  const int64_t peak = record_dmc_stats(stats_, layer, cache.dmc_slots, *dmc_) * 2 * d * element_bytes(k);
+  int64_t peak;
+  if (cache.driver) {
+    peak = record_driver_stats(stats_, layer, *cache.driver, 2 * d * element_bytes(k));
+    stats_.dmc_merge_rate[layer] = dmc_->merge_rate(layer);
+  } else {
+    peak = record_dmc_stats(stats_, layer, cache.dmc_slots, *dmc_) * 2 * d * element_bytes(k);
+  }
   if (peak > cache.peak_bytes) {
     add_full_precision_peak(stats_, peak - cache.peak_bytes);
     cache.peak_bytes = peak;

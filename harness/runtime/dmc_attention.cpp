@@ -1,5 +1,6 @@
 #include "harness/runtime/dmc_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -52,6 +53,50 @@ torch::Tensor dmc_block_attention(const torch::Tensor& q, const std::vector<torc
     out.narrow(1, h * g, g).copy_(probs.mm(head_values.to(acc)).view({g, t, d}).permute({1, 0, 2}));
   }
   return out.view({t, hq * d}).to(q.scalar_type());
+}
+
+torch::Tensor dmc_policy_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& keys,
+                                   const std::vector<torch::Tensor>& values, const torch::Tensor& merges,
+                                   PolicyDriver& driver, int64_t first, const float* norms) {
+  const int64_t t = q.size(0), hq = q.size(1), d = q.size(2), n_kv = static_cast<int64_t>(keys.size()), g = hq / n_kv;
+  const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto m = merges.contiguous();
+  const uint8_t* mp = m.data_ptr<uint8_t>();
+  std::vector<int64_t> held(n_kv);
+  int64_t most = 0;
+  for (int64_t h = 0; h < n_kv; ++h) most = std::max<int64_t>(most, held[h] = driver.slots(h));
+  std::vector<torch::Tensor> keys_t(n_kv), values_acc(n_kv);  // [d, held + t], [held + t, d]
+  for (int64_t h = 0; h < n_kv; ++h) {
+    keys_t[h] = keys[h].narrow(0, 0, held[h] + t).to(torch::kCPU, acc).t();
+    values_acc[h] = values[h].narrow(0, 0, held[h] + t).to(torch::kCPU, acc);
+  }
+  const auto queries = q.to(torch::kCPU, acc);
+  auto out = torch::empty({t, hq, d}, queries.options());
+  // Query rows per block: about 2M logits; a block's rows see the versions up to its last.
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, hq * (most + t)));
+  BlasOnThisThread one_thread;  // a product split over threads would round differently (threads.h)
+  for (int64_t r0 = 0; r0 < t; r0 += block) {
+    const int64_t rows = std::min(block, t - r0), n = most + r0 + rows;
+    auto logits = torch::empty({hq, rows, n}, queries.options());  // columns past a head's own stay unread
+    for (int64_t h = 0; h < n_kv; ++h) {
+      const int64_t cols = held[h] + r0 + rows;
+      auto group = queries.narrow(0, r0, rows).narrow(1, h * g, g).permute({1, 0, 2}).reshape({g * rows, d});
+      logits.narrow(0, h * g, g).narrow(2, 0, cols).copy_(
+          group.mm(keys_t[h].narrow(1, 0, cols)).mul_(scale).view({g, rows, cols}));
+    }
+    if (acc == torch::kFloat64)
+      driver.rows(first + r0, rows, n, logits.data_ptr<double>(), norms + r0 * n_kv, nullptr, mp + r0 * n_kv);
+    else
+      driver.rows(first + r0, rows, n, logits.data_ptr<float>(), norms + r0 * n_kv, nullptr, mp + r0 * n_kv);
+    for (int64_t h = 0; h < n_kv; ++h) {
+      const int64_t cols = held[h] + r0 + rows;
+      auto probs = logits.narrow(0, h * g, g).narrow(2, 0, cols).reshape({g * rows, cols});
+      out.narrow(0, r0, rows).narrow(1, h * g, g).copy_(
+          probs.mm(values_acc[h].narrow(0, 0, cols)).view({g, rows, d}).permute({1, 0, 2}));
+    }
+  }
+  return out.view({t, hq * d}).to(q.device(), q.scalar_type());
 }
 
 }  // namespace kvevict

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+
+#include "harness/common/errors.h"
 
 #include "harness/runtime/double_exp.h"
 
@@ -52,6 +55,7 @@ PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const Sequ
     : group_(shape.group()), prefill_len_(shape.prefill_len), window_(sliding_window), columns_(columns) {
   LayerStates states = policy.make_layer_states(layer, shape);
   lockstep_ = states.lockstep;
+  same_slots_ = states.same_slots;
   heads_.resize(states.heads.size());
   for (size_t h = 0; h < heads_.size(); ++h) {
     heads_[h].state = std::move(states.heads[h]);
@@ -66,6 +70,8 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
   copy->window_ = window_;
   copy->columns_ = columns_;
   copy->lockstep_ = lockstep_;
+  copy->same_slots_ = same_slots_;
+  copy->block_first_ = block_first_;
   copy->peak_total_slots_ = peak_total_slots_;
   copy->peak_head_slots_ = peak_head_slots_;
   copy->last_visible_ = last_visible_;
@@ -86,18 +92,28 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
     to.visible = from.visible;
     to.vis = from.vis ? to.pattern.data() : nullptr;
     to.oldest = from.oldest;
+    to.block_base = from.block_base;
   }
   return copy;
 }
 
 void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
-                        char* visible_out) {
-  drive(first, rows, n, logits, key_norms, visible_out);
+                        char* visible_out, const uint8_t* merges) {
+  drive(first, rows, n, logits, key_norms, visible_out, merges);
 }
 
 void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, double* logits, const float* key_norms,
-                        char* visible_out) {
-  drive(first, rows, n, logits, key_norms, visible_out);
+                        char* visible_out, const uint8_t* merges) {
+  drive(first, rows, n, logits, key_norms, visible_out, merges);
+}
+
+void PolicyDriver::start_block(int64_t first) {
+  block_first_ = first;
+  for (Head& head : heads_) {
+    head.block_base = head.state->size();
+    head.columns.resize(head.block_base);
+    std::iota(head.columns.begin(), head.columns.end(), 0);
+  }
 }
 
 std::vector<RowMove> PolicyDriver::take_moves() {
@@ -115,9 +131,16 @@ int PolicyDriver::max_slots() const {
   return most;
 }
 
-void PolicyDriver::append(Head& head, int64_t position, float key_norm) {
-  const int column = columns_ == SlotColumns::Positions ? static_cast<int>(position)
-                                                        : static_cast<int>(head.columns.size());
+void PolicyDriver::append(Head& head, int64_t position, float key_norm, bool merge) {
+  int column = static_cast<int>(head.columns.size());
+  if (columns_ == SlotColumns::Positions) column = static_cast<int>(position);
+  if (columns_ == SlotColumns::Versions) column = head.block_base + static_cast<int>(position - block_first_);
+  const std::vector<int>& positions = head.state->positions();
+  if (merge && !positions.empty() && positions.back() == position - 1) {
+    head.state->merge(static_cast<int>(position), key_norm);
+    head.columns.back() = column;
+    return;
+  }
   head.state->append(static_cast<int>(position), key_norm);
   head.columns.push_back(column);
 }
@@ -175,9 +198,11 @@ void PolicyDriver::compress(Head& head, int kv, int64_t position) {
 
 template <typename Scalar>
 void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms,
-                         char* visible_out) {
+                         char* visible_out, const uint8_t* merges) {
   const int n_kv = static_cast<int>(heads_.size());
+  if (merges && columns_ != SlotColumns::Versions) throw Error("the policy driver merges slots only over Versions columns");
   for (Head& head : heads_) head.row_slots.assign(rows, 0);
+  auto merged = [&](int64_t r, int64_t kv) { return merges && merges[r * n_kv + kv]; };
   const bool parallel = rows * n * n_kv * group_ >= kParallelLogits;
   if (!lockstep_) {
     // No head reads another's state: each takes the whole block on its own thread.
@@ -186,7 +211,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
         Head& head = heads_[kv];
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t position = first + r;
-          append(head, position, key_norms[r * n_kv + kv]);
+          append(head, position, key_norms[r * n_kv + kv], merged(r, kv));
           head.row_slots[r] = head.state->size();
           see(head, position);
           for (int j = 0; j < group_; ++j) head.visible = attend(head, static_cast<int>(kv), j, r, rows, n, logits);
@@ -202,7 +227,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t position = first + r;
       for (int kv = 0; kv < n_kv; ++kv) {
-        append(heads_[kv], position, key_norms[r * n_kv + kv]);
+        append(heads_[kv], position, key_norms[r * n_kv + kv], merged(r, kv));
         heads_[kv].row_slots[r] = heads_[kv].state->size();
         see(heads_[kv], position);
       }

@@ -29,6 +29,12 @@ enum class SlotColumns {
   // next free row (row size() before the append), and an eviction moves each kept key
   // that sits at or beyond the kept count into a freed row below it (take_moves).
   CacheRows,
+  // Column = the slot's rows, then the block's new keys (DMC's slot versions,
+  // harness/runtime/dmc_attention.h): from start_block(first), a head's slots sit in
+  // columns 0 .. slots-1 in slot order and the key of position p at column
+  // slots + (p - first). After the block, columns() says which columns the head keeps, in
+  // slot order; the caller moves them to rows 0 .. slots-1 before the next block.
+  Versions,
 };
 
 // One key (and value) row of a KV head's cache buffer moves from row `from` to row `to`.
@@ -50,11 +56,17 @@ class PolicyDriver {
   // r at (h*rows + r)*n), scaled, a key's logit at its column; each row is overwritten with
   // the attention that weights the values (0 outside the slots it sees). key_norms:
   // [rows][n_kv], the L2 norms of these queries' own keys. visible_out, when not null:
-  // [n_kv][rows][n], set to 1 at the columns each query saw and 0 elsewhere.
+  // [n_kv][rows][n], set to 1 at the columns each query saw and 0 elsewhere. merges, when
+  // not null (a DMC model, Versions): [rows][n_kv], 1 where the token's key replaces the
+  // head's newest slot (LayerState::merge) instead of entering as a new one; when the
+  // policy has already evicted that slot, the key enters as a new one.
   void rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
-            char* visible_out = nullptr);
+            char* visible_out = nullptr, const uint8_t* merges = nullptr);
   void rows(int64_t first, int64_t rows, int64_t n, double* logits, const float* key_norms,
-            char* visible_out = nullptr);
+            char* visible_out = nullptr, const uint8_t* merges = nullptr);
+
+  // Versions: the block that starts at position `first` begins (see SlotColumns).
+  void start_block(int64_t first);
 
   // CacheRows: the row moves of the evictions since the last call, which the cache must
   // carry out before the next query (then they are forgotten).
@@ -67,6 +79,8 @@ class PolicyDriver {
   void set_attended_hook(AttendedHook hook) { attended_ = std::move(hook); }
 
   int n_kv_heads() const { return static_cast<int>(heads_.size()); }
+  // The heads hold the same slots (LayerStates::same_slots): they cannot follow DMC's merges.
+  bool same_slots() const { return same_slots_; }
   // CacheRows: the cache row of each slot of a head, in slot order (Positions: the position).
   const std::vector<int>& columns(int kv_head) const { return heads_[kv_head].columns; }
   const LayerState& state(int kv_head) const { return *heads_[kv_head].state; }
@@ -97,10 +111,13 @@ class PolicyDriver {
     int visible = 0;                  // slots its latest query saw
     const char* vis = nullptr;        // the latest query's pattern (null: no pattern)
     int64_t oldest = 0;               // the oldest position the latest query sees
+    int block_base = 0;               // Versions: the slots at the block's start
   };
   template <typename Scalar>
-  void drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms, char* visible_out);
-  void append(Head& head, int64_t position, float key_norm);
+  void drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms, char* visible_out,
+             const uint8_t* merges);
+  // The key of `position` enters the head: appended, or merged into the newest slot.
+  void append(Head& head, int64_t position, float key_norm, bool merge);
   // What the query at `position` sees; sizes the scratch.
   void see(Head& head, int64_t position);
   // The attention of query head `member` of the group, row r of the block; returns the
@@ -115,6 +132,8 @@ class PolicyDriver {
   int64_t window_ = 0;
   SlotColumns columns_;
   bool lockstep_ = false;
+  bool same_slots_ = false;
+  int64_t block_first_ = 0;  // Versions: the block's first position
   std::vector<Head> heads_;
   AttendedHook attended_;
   int64_t peak_total_slots_ = 0;
