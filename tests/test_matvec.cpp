@@ -79,6 +79,27 @@ TEST_CASE("matvec takes a decode step's row [1, in] and gives [1, out] with the 
   CHECK_FALSE(matvec_supported(torch::randn({8, 4}), torch::randn({2, 1, 4})));  // three dimensions
 }
 
+TEST_CASE("matvec's B rows each have the bits of that row alone, at every batch size and width", "[matvec][batch]") {
+  // Widths with and without the 32- and 8-float tails; batches below, at and past the
+  // kernel's blocks of 4 x rows; 1001 weight rows, not a multiple of its 3.
+  ThreadCountGuard guard;
+  torch::manual_seed(12);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (int64_t in : {5, 8, 40, 77, 300, 768}) {
+      auto weight = torch::randn({1001, in}).to(dtype);
+      auto bias = torch::randn({1001}).to(dtype);
+      auto x = torch::randn({13, in}).to(dtype);
+      for (int threads : {1, 2}) {
+        set_thread_count(threads);
+        for (int64_t batch : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+          INFO("dtype " << dtype << " in " << in << " batch " << batch << " threads " << threads);
+          auto together = matvec(weight, x.narrow(0, 0, batch), bias);
+          for (int64_t b = 0; b < batch; ++b) CHECK(test::same_bits(together[b], matvec(weight, x[b], bias)));
+        }
+      }
+    }
+}
+
 TEST_CASE("matvec refuses what it does not handle, by name", "[matvec]") {
   auto half = torch::randn({8, 4}).to(torch::kFloat16);
   CHECK_FALSE(matvec_supported(half, torch::randn({4}).to(torch::kFloat16)));

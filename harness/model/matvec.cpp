@@ -89,6 +89,53 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const W* w, const float* 
   }
 }
 
+// One step of dot_block_avx2: the 8 floats at i of R weight rows times G rows of x, each
+// weight and x vector loaded once for all the products it enters.
+template <int R, int G, typename W>
+__attribute__((target("avx2,fma"), always_inline)) inline void block_step(const W* const* w, const float* const* x,
+                                                                       int64_t i, __m256 (&a)[R][G]) {
+  __m256 wv[R];
+  for (int r = 0; r < R; ++r) wv[r] = load8(w[r] + i);
+  for (int g = 0; g < G; ++g) {
+    const __m256 xv = _mm256_loadu_ps(x[g] + i);
+    for (int r = 0; r < R; ++r) a[r][g] = _mm256_fmadd_ps(wv[r], xv, a[r][g]);
+  }
+}
+
+// R weight rows against G rows of x, with dot_avx2's bits for every pair. dot_avx2's four
+// accumulators are independent sums (accumulator c takes the floats at 8c .. 8c+7 of
+// each 32), so they are computed one after the other, each for all R x G pairs: R*G
+// registers instead of 4*G, and one load feeds G (weight) or R (x) products instead of
+// G or 1. sums[r * stride + g] gets the sum of weight row r and x row g.
+template <int R, int G, typename W>
+__attribute__((target("avx2,fma"))) void dot_block_avx2(const W* const* w, const float* const* x, int64_t n,
+                                                        float* sums, int64_t stride) {
+  __m256 part[4][R][G];  // [accumulator][weight row][x row]
+  const int64_t whole = n / 32 * 32;
+  int64_t tail = whole;  // after accumulator 0's 8-float steps: where the scalar tail starts
+  for (int c = 0; c < 4; ++c) {
+    __m256 a[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) a[r][g] = _mm256_setzero_ps();
+    for (int64_t i = 8 * c; i < whole; i += 32) block_step<R, G>(w, x, i, a);
+    if (c == 0)
+      for (; tail + 8 <= n; tail += 8) block_step<R, G>(w, x, tail, a);
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) part[c][r][g] = a[r][g];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      const __m256 acc =
+          _mm256_add_ps(_mm256_add_ps(part[0][r][g], part[1][r][g]), _mm256_add_ps(part[2][r][g], part[3][r][g]));
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+      float sum = _mm_cvtss_f32(h);
+      for (int64_t j = tail; j < n; ++j) sum += widen(w[r][j]) * x[g][j];
+      sums[r * stride + g] = sum;
+    }
+}
+
 bool cpu_has_avx2_fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
@@ -123,6 +170,31 @@ void dot_rows(const W* w, const float* const* x, int64_t batch, int64_t n, float
 
 // W: float or uint16_t (bfloat16 bits); Out: float or c10::BFloat16. x holds `batch` rows
 // of `in` floats; y is [batch, out]. Each weight row is read once for all rows of x.
+// Weight rows per block of dot_block_avx2, and x rows per block: 12 accumulators, the
+// three weight vectors and one x vector fit AVX2's 16 registers. Measured on one thread
+// against dot_rows_avx2 alone at batch 8: 1.2-1.4x on 768- and 2048-wide weights.
+constexpr int kBlockWeightRows = 3, kBlockXRows = 4;
+
+// The sums of weight rows r .. r+count-1 against x's rows, each with dot()'s bits:
+// sums[k * batch + b] for weight row r+k and x row b.
+template <typename W>
+void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x, int64_t batch, int64_t n,
+                     float* sums) {
+#ifdef KVEVICT_MATVEC_AVX2
+  if (cpu_has_avx2_fma() && count == kBlockWeightRows && batch >= kBlockXRows) {
+    const W* block[kBlockWeightRows];
+    for (int k = 0; k < kBlockWeightRows; ++k) block[k] = w + (r + k) * n;
+    int64_t b = 0;
+    for (; b + kBlockXRows <= batch; b += kBlockXRows)
+      dot_block_avx2<kBlockWeightRows, kBlockXRows>(block, x + b, n, sums + b, batch);
+    if (b < batch)
+      for (int k = 0; k < kBlockWeightRows; ++k) dot_rows(block[k], x + b, batch - b, n, sums + k * batch + b);
+    return;
+  }
+#endif
+  for (int64_t k = 0; k < count; ++k) dot_rows(w + (r + k) * n, x, batch, n, sums + k * batch);
+}
+
 template <typename W, typename Out>
 void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int64_t out, int64_t in) {
   // A chunk of at least 128 KiB of weights: smaller ones cost more to hand to a thread
@@ -131,14 +203,16 @@ void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int6
   std::vector<const float*> x_rows(static_cast<size_t>(batch));  // [batch]: row b of x
   for (int64_t b = 0; b < batch; ++b) x_rows[b] = x + b * in;
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(static_cast<size_t>(batch));  // [batch]: one weight row's outputs
-    for (int64_t r = begin; r < end; ++r) {
-      dot_rows(w + r * in, x_rows.data(), batch, in, sums.data());
-      for (int64_t b = 0; b < batch; ++b) {
-        float sum = sums[b];
-        if (bias) sum += widen(bias[r]);
-        store(y + b * out + r, sum);
-      }
+    std::vector<float> sums(static_cast<size_t>(kBlockWeightRows * batch));  // [weight rows][batch]
+    for (int64_t r = begin; r < end; r += kBlockWeightRows) {
+      const int64_t count = std::min<int64_t>(kBlockWeightRows, end - r);
+      dot_weight_rows(w, r, count, x_rows.data(), batch, in, sums.data());
+      for (int64_t k = 0; k < count; ++k)
+        for (int64_t b = 0; b < batch; ++b) {
+          float sum = sums[k * batch + b];
+          if (bias) sum += widen(bias[r + k]);
+          store(y + b * out + r + k, sum);
+        }
     }
   });
 }
