@@ -328,19 +328,19 @@ int bench_tokenizers(const BenchArgs& args, const ConfigObject& config, const st
   return 0;
 }
 
-// Batched decode and evaluation (issue 31), each as a ratio to batch 1 in the same run:
-// decode tokens/s at each batch size with the share of the step spent in attention (the
-// policy's bookkeeping included), generation end to end, multiple choice, and the peak
-// resident memory of a batch against the KV bytes it holds.
 // A model folder as given (relative to the working directory) or, when no such folder
 // exists, in the data folder; its ops on `threads` threads.
-std::unique_ptr<Model> load_model_at(const std::string& dir, const std::string& data_override, const BenchArgs& args,
-                                     int threads) {
-  auto model = Model::load(std::filesystem::exists(dir) ? dir : data_path(dir, data_override), args.runtime.options);
+std::unique_ptr<Model> load_model_at(const std::string& dir, const std::string& data_override,
+                                     const ModelOptions& options, int threads) {
+  auto model = Model::load(std::filesystem::exists(dir) ? dir : data_path(dir, data_override), options);
   use_threads_for(*model, threads);
   return model;
 }
 
+// Batched decode and evaluation (issue 31), each as a ratio to batch 1 in the same run:
+// decode tokens/s at each batch size with the share of the step spent in attention (the
+// policy's bookkeeping included), generation end to end, multiple choice, and the peak
+// resident memory of a batch against the KV bytes it holds.
 int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::string& data_override) {
   constexpr long long kMost = std::numeric_limits<int>::max();
   const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
@@ -412,8 +412,7 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
   for (const std::string& dtype : dtypes) {
     ModelOptions options = args.runtime.options;
     options.dtype = dtype;
-    auto model = Model::load(model_dir, options);
-    use_threads_for(*model, threads);
+    auto model = load_model_at(model_dir, data_override, options, threads);
     const ArchSpec& arch = model->arch();
     std::cout << "model " << model_dir << " (" << arch.n_layers << " layers, hidden " << arch.hidden << ") " << dtype
               << " default_batch_size " << default_batch_size(*model) << std::endl;
@@ -469,12 +468,11 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
               << " load_average " << load_average() << std::endl;
   };
   if (generation_limit > 0) {
-    auto model = Model::load(generation_model, args.runtime.options);
-    use_threads_for(*model, threads);
+    auto model = load_model_at(generation_model, data_override, args.runtime.options, threads);
     eval_pair(*model, generation_task, generation_limit, generation_max_length, Mode::Decode, "batch_generation");
   }
   for (const std::string& dir : mc_models) {
-    auto model = load_model_at(dir, data_override, args, threads);
+    auto model = load_model_at(dir, data_override, args.runtime.options, threads);
     eval_pair(*model, mc_task, mc_limit, 1024, Mode::Sim, "batch_mc " + dir + " sim");
     eval_pair(*model, mc_task, mc_limit, 1024, Mode::Decode, "batch_mc " + dir + " decode");
   }
@@ -482,8 +480,7 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
   // Peak resident memory: the process after loading, then compare_batch sequences of
   // memory_context tokens each in their own full caches.
   if (memory_context > 0) {
-    auto model = Model::load(generation_model, args.runtime.options);  // generate_batch decodes its text
-    use_threads_for(*model, threads);
+    auto model = load_model_at(generation_model, data_override, args.runtime.options, threads);  // generate_batch decodes its text
     const int vocab = static_cast<int>(model->arch().vocab);
     std::vector<GenerateOptions> options(compare_batch);
     std::vector<std::vector<int>> prompts;
@@ -518,7 +515,7 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
   const int repeat = config.integer("repeat", args.repeat, 1, kMost);
   const int batch = args.batch_size > 0 ? args.batch_size : config.integer("batch_size", 1, 1, 4096);
   const int threads = set_thread_count(args.runtime.options.threads);
-  auto model = load_model_at(model_dir, data_override, args, threads);
+  auto model = load_model_at(model_dir, data_override, args.runtime.options, threads);
   std::cout << std::fixed << std::setprecision(4);
   std::cout << "context_reuse model " << model_dir << " threads " << threads << " batch " << batch << " load_average "
             << load_average() << std::endl;
