@@ -676,5 +676,60 @@ TEST_CASE("batched serving: concurrent clients get batch 1's answers bit for bit
   }
 }
 
+TEST_CASE("a streaming client that disconnects stops its generation and frees its place", "[server]") {
+  for (const std::string batch : {"1", "2"}) {
+    DYNAMIC_SECTION("batch size " << batch) {
+      ServerProcess server({"--mode", "decode", "--batch-size", batch}, "disconnect_" + batch);
+      const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0},
+                         {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
+      json whole = post(server, "/v1/completions", body);
+      const int full_tokens = whole["usage"]["completion_tokens"].get<int>();
+      REQUIRE(full_tokens >= 100);
+      // The same request streamed, dropped once its first text has come.
+      json streamed = body;
+      streamed["stream"] = true;
+      httplib::Request request;
+      request.method = "POST";
+      request.path = "/v1/completions";
+      request.body = streamed.dump();
+      request.set_header("Content-Type", "application/json");
+      std::string received;
+      request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+        received.append(data, length);
+        return received.find("\"text\":\"") == std::string::npos;  // false: hang up
+      };
+      auto client = server.client();
+      auto res = client.send(request);
+      CHECK(!res);  // the client cancelled
+      CHECK(received.find("data: ") == 0);
+      client.stop();
+      // The server counts a request's generated tokens as it ends.
+      double generated = 0;
+      for (int i = 0; i < 2000 && generated <= full_tokens; ++i) {
+        auto metrics = server.client().Get("/metrics");
+        REQUIRE(metrics);
+        generated = metric(metrics->body, "kvevict_generated_tokens_total");
+        if (generated <= full_tokens) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      const double dropped = generated - full_tokens;
+      CHECK(dropped > 0);
+      CHECK(dropped < full_tokens);  // it stopped when the client went, not at max_tokens
+      // Its place is free, and nothing of it stays: the next request gets the same answer.
+      json again = post(server, "/v1/completions", body);
+      for (json* j : {&whole, &again}) {
+        j->erase("id");
+        j->erase("created");
+      }
+      CHECK(again == whole);
+      if (batch != "1") {
+        auto metrics = server.client().Get("/metrics");
+        REQUIRE(metrics);
+        CHECK(metric(metrics->body, "kvevict_batch_running") == 0);
+        CHECK(metric(metrics->body, "kvevict_batch_waiting") == 0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvevict

@@ -1,7 +1,5 @@
 #include "harness/runtime/stream_batcher.h"
 
-#include <future>
-
 #include "harness/common/errors.h"
 
 namespace kvevict {
@@ -31,16 +29,38 @@ void StreamBatcher::submit(BatchStream& stream, Finished finished) {
   submitted_.notify_one();
 }
 
-void StreamBatcher::run(BatchStream& stream) {
-  std::promise<void> ended;
-  std::future<void> result = ended.get_future();
-  submit(stream, [&ended](std::exception_ptr error) {
-    if (error)
-      ended.set_exception(error);
-    else
-      ended.set_value();
-  });
-  result.get();
+void StreamBatcher::run(BatchStream& stream) { run(std::vector<BatchStream*>{&stream}); }
+
+void StreamBatcher::run(const std::vector<BatchStream*>& streams) {
+  std::mutex mutex;
+  std::condition_variable ended;
+  size_t running = 0;
+  std::exception_ptr first_error;
+  std::exception_ptr refused;  // a stream submit() refused: those submitted before it still end first
+  for (BatchStream* stream : streams) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++running;
+    }
+    try {
+      // Notified under the lock: once it is released this function may return.
+      submit(*stream, [&](std::exception_ptr error) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (error && !first_error) first_error = error;
+        --running;
+        ended.notify_one();
+      });
+    } catch (...) {
+      refused = std::current_exception();
+      std::lock_guard<std::mutex> lock(mutex);
+      --running;
+      break;
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex);
+  ended.wait(lock, [&] { return running == 0; });
+  if (refused) std::rethrow_exception(refused);
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 StreamBatcher::Stats StreamBatcher::stats() const {

@@ -35,6 +35,9 @@ class StreamBatcher {
   // submit() and wait for the stream's end; rethrows its error. Each segment's logits have
   // the bits of the same call alone (forward_batch), so the result is run_alone()'s.
   void run(BatchStream& stream);
+  // Several streams submitted together (they may share a model call), waiting for all of
+  // them; then rethrows the first error, if any.
+  void run(const std::vector<BatchStream*>& streams);
 
   int batch_size() const { return batch_size_; }
   struct Stats {

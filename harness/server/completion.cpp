@@ -209,17 +209,30 @@ std::vector<Choice> Completer::complete(const Prepared& prepared, const TextSink
   // request) share their context in decode mode, as eval's do (SharedContextStream): the
   // same numbers, the common calls run once. A prompt the policy refuses is scored alone
   // below, where its error names it.
+  // In sim mode, with a batcher, the prompts' passes join the batch together instead.
   std::vector<SequenceScore> scored;
-  if (request.echo && request.logprobs >= 0 && settings_.mode == Mode::Decode && prepared.prompts.size() > 1) {
+  const bool scores_prompts = request.echo && request.logprobs >= 0 && prepared.prompts.size() > 1;
+  if (scores_prompts && (settings_.mode == Mode::Decode || batcher_)) {
     const int context_tokens = settings_.protocol == Protocol::PrefillCompress ? request.policy.context_tokens : 0;
     std::vector<ScoreRequest> passes;
     for (const std::vector<int>& prompt : prepared.prompts)
       passes.push_back(joint_score_request(model_, settings_.protocol, prompt, context_tokens, 0,
                                            std::max(1, request.logprobs)));
     try {
-      SharedContextStream shared(model_, *prepared.policy, settings_.mode, passes, true);
-      run(shared);
-      scored = shared.results();
+      if (settings_.mode == Mode::Decode) {
+        SharedContextStream shared(model_, *prepared.policy, settings_.mode, passes, true);
+        run(shared);
+        scored = shared.results();
+      } else {
+        std::vector<std::unique_ptr<ScoreStream>> streams;  // [prompts]
+        std::vector<BatchStream*> running;
+        for (const ScoreRequest& pass : passes) {
+          streams.push_back(std::make_unique<ScoreStream>(model_, *prepared.policy, settings_.mode, pass));
+          running.push_back(streams.back().get());
+        }
+        batcher_->run(running);
+        for (auto& stream : streams) scored.push_back(stream->result());
+      }
     } catch (const Error&) {
       scored.clear();
     }
