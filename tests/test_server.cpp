@@ -502,8 +502,9 @@ TEST_CASE("concurrent clients get the answers one client gets; a full queue give
     REQUIRE(health);
     CHECK(health->status == 200);
   }
-  SECTION("SIGTERM during a request lets it finish, then the server exits 0") {
-    ServerProcess server({"--mode", "decode"}, "sigterm");
+  SECTION("SIGTERM during a request lets it finish, then the server exits 0 (batch size 1 and 2)") {
+    const std::string batch = GENERATE("1", "2");
+    ServerProcess server({"--mode", "decode", "--batch-size", batch}, "sigterm_" + batch);
     const json slow = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0},
                        {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
     std::atomic<int> status{0};
