@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness/config/eval_config.h"
@@ -17,6 +19,7 @@
 #include "harness/model/model.h"
 #include "harness/runtime/attention.h"
 #include "harness/runtime/scorer.h"
+#include "harness/runtime/stream_batcher.h"
 #include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
 #include "tests/compare.h"
@@ -269,6 +272,83 @@ TEST_CASE("continuous batching: a sequence that stops first leaves, the next joi
       }
     }
   }
+}
+
+TEST_CASE("StreamBatcher: streams from several threads, and one joining while others run, equal each alone",
+          "[batch]") {
+  const Model& model = test::stories();
+  auto policy = policy_at("h2o", 0.5);
+  const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily and Tom went to the park",
+                                          "One day", "A big red ball"};
+  std::vector<std::vector<int>> prompts;
+  std::vector<GenerateOptions> options;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    prompts.push_back(model.encode(texts[i], true));
+    GenerateOptions o;
+    o.max_new_tokens = 12 + 6 * static_cast<int>(i);
+    if (i == 3) o.temperature = 0.8, o.seed = 5;
+    o.top_logprobs = 2;
+    options.push_back(o);
+  }
+  const std::vector<int> scored = model.encode("Tom had a red ball. He liked to play with it every day.", false);
+  std::vector<Generation> alone;
+  for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(generate(model, *policy, prompts[i], options[i]));
+  const SequenceScore scored_alone = score_sequence(model, *policy, Mode::Decode, scored, 0, 0, -1, 0, 3);
+  REQUIRE(alone[0].tokens.size() >= 3);
+
+  StreamBatcher batcher(model, 3);
+  // Generation 0's first token submits the score stream: it joins while 0 still runs.
+  ScoreStream joining(model, *policy, Mode::Decode, {scored, 0, 0, -1, 0, 3});
+  std::promise<void> joined;
+  GenerateOptions first = options[0];
+  bool submitted = false;
+  first.on_token = [&](int) {
+    if (!submitted) batcher.submit(joining, [&joined](std::exception_ptr) { joined.set_value(); });
+    submitted = true;
+    return true;
+  };
+  std::vector<Generation> together(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] {
+      GenerationStream stream(model, *policy, prompts[i], i == 0 ? first : options[i]);
+      batcher.run(stream);
+      together[i] = stream.result();
+    });
+  for (auto& t : threads) t.join();
+  joined.get_future().get();
+  const SequenceScore scored_together = joining.result();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("generation " << i);
+    CHECK(together[i].tokens == alone[i].tokens);
+    CHECK(together[i].text == alone[i].text);
+    REQUIRE(together[i].chosen.size() == alone[i].chosen.size());
+    for (size_t k = 0; k < alone[i].chosen.size(); ++k) CHECK(together[i].chosen[k].logprob == alone[i].chosen[k].logprob);
+    CHECK(together[i].kv.kept_per_head == alone[i].kv.kept_per_head);
+  }
+  CHECK(scored_together.next_token_logprob == scored_alone.next_token_logprob);
+  CHECK(scored_together.argmax == scored_alone.argmax);
+  const StreamBatcher::Stats stats = batcher.stats();
+  CHECK(stats.largest >= 2);
+  CHECK(stats.largest <= 3);
+  CHECK(stats.segments > stats.model_calls);
+  CHECK(stats.calls_of_size[1] + stats.calls_of_size[2] + stats.calls_of_size[3] == stats.model_calls);
+  CHECK(stats.running == 0);
+  CHECK(stats.waiting == 0);
+
+  // A model call that throws reaches the stream in it; the batcher runs on.
+  struct OutsideVocabulary : BatchStream {
+    explicit OutsideVocabulary(const Model& m, const Policy& p)
+        : cache(std::make_unique<CacheAttention>(m, p, shape_for(m, 4, 0))) {}
+    bool done() const override { return false; }
+    BatchSegment next() override { return {{-1}, 0, cache.get()}; }
+    void take(const torch::Tensor&) override {}
+    std::unique_ptr<CacheAttention> cache;
+  } bad(model, *policy);
+  CHECK_THROWS_WITH(batcher.run(bad), Catch::Contains("outside the vocabulary"));
+  GenerationStream after(model, *policy, prompts[1], options[1]);
+  batcher.run(after);
+  CHECK(after.result().tokens == alone[1].tokens);
 }
 
 TEST_CASE("eval: accuracy, log-likelihoods and generations do not depend on --batch-size", "[batch][eval]") {

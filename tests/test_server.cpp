@@ -502,8 +502,9 @@ TEST_CASE("concurrent clients get the answers one client gets; a full queue give
     REQUIRE(health);
     CHECK(health->status == 200);
   }
-  SECTION("SIGTERM during a request lets it finish, then the server exits 0") {
-    ServerProcess server({"--mode", "decode"}, "sigterm");
+  SECTION("SIGTERM during a request lets it finish, then the server exits 0 (batch size 1 and 2)") {
+    const std::string batch = GENERATE("1", "2");
+    ServerProcess server({"--mode", "decode", "--batch-size", batch}, "sigterm_" + batch);
     const json slow = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0},
                        {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
     std::atomic<int> status{0};
@@ -530,6 +531,204 @@ TEST_CASE("concurrent clients get the answers one client gets; a full queue give
     CHECK(status == 200);
     CHECK(parse_json(body, "answer")["choices"][0]["text"].get<std::string>().size() > 0);
     CHECK(exit_code == 0);
+  }
+}
+
+
+// One request's answer as it can be compared across servers: the body without its
+// per-request id and time; a streamed one as its text, finish reasons and [DONE].
+std::string comparable_answer(const json& body, int status, const std::string& answer) {
+  if (status != 200) return std::to_string(status) + " " + answer;
+  if (!body.value("stream", false)) {
+    json j = parse_json(answer, "answer");
+    j.erase("id");
+    j.erase("created");
+    return j.dump();
+  }
+  std::istringstream events(answer);
+  std::string line, text, finish, tail;
+  int chunks = 0;
+  while (std::getline(events, line)) {
+    if (line.empty()) continue;
+    if (line == "data: [DONE]") {
+      tail = "[DONE]";
+      continue;
+    }
+    const json chunk = parse_json(line.substr(6), "chunk");
+    if (chunk.contains("error")) return "error " + chunk.dump();
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+    ++chunks;
+  }
+  // Text arrives as it is made: several chunks, not one at the end.
+  return "stream " + std::string(chunks > 2 ? "chunked" : "one piece") + " " + finish + " " + tail + " " + text;
+}
+
+// Per metric line "name value" (or "name{labels} value"): the value.
+double metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  FAIL("no metric " << name << " in\n" << text);
+  return 0;
+}
+
+TEST_CASE("batched serving: concurrent clients get batch 1's answers bit for bit; a bad request is answered alone",
+          "[server]") {
+  const auto docs = copa_docs(4);
+  const Tokenizer& tokenizer = stories_tokenizer();
+  const json h2o = {{"policy", "h2o"}, {"budget", 0.5}};
+  // lm-eval's shapes at several lengths, so that batches are ragged: loglikelihood requests
+  // (a document's choices as token ids), echoed prompt scores, greedy and sampled
+  // generations with log-probs, streamed generations; and two a policy refuses.
+  std::vector<json> requests;
+  for (const auto& doc : docs) {
+    json prompts = json::array();
+    for (const auto& r : doc.requests) {
+      auto ids = tokenizer.encode(r.context);
+      auto cont = tokenizer.encode(r.continuation);
+      ids.insert(ids.end(), cont.begin(), cont.end());
+      prompts.push_back(ids);
+    }
+    requests.push_back({{"prompt", prompts}, {"max_tokens", 1}, {"logprobs", 1}, {"echo", true}, {"temperature", 0},
+                        {"kvevict", h2o}});
+    requests.push_back({{"prompt", prompts}, {"max_tokens", 1}, {"logprobs", 1}, {"echo", true}, {"temperature", 0}});
+  }
+  requests.push_back({{"prompt", "Once upon a time there was a girl named Lily"}, {"max_tokens", 0}, {"logprobs", 3},
+                      {"echo", true}, {"kvevict", h2o}});
+  const std::vector<std::string> texts = {"Once upon a time", "The cat sat", "One day, a little boy named Tim went"};
+  for (size_t t = 0; t < texts.size(); ++t) {
+    requests.push_back({{"prompt", texts[t]}, {"max_tokens", 20 + 15 * static_cast<int>(t)}, {"temperature", 0},
+                        {"logprobs", 2}, {"kvevict", h2o}});
+    requests.push_back({{"prompt", texts[t]}, {"max_tokens", 40}, {"temperature", 0.8}, {"seed", 7 + t},
+                        {"stop", json::array({"\n\n"})}});
+    requests.push_back({{"prompt", texts[t]}, {"max_tokens", 30 + 10 * static_cast<int>(t)}, {"temperature", 0},
+                        {"stream", true}, {"kvevict", h2o}});
+  }
+  const size_t good = requests.size();
+  // A token budget longer than the prompt: refused by the policy on the request's own
+  // sequence, once scoring, once generating (the stream's own check, before it joins).
+  requests.push_back({{"prompt", json::array({1, 5, 6})}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0},
+                      {"kvevict", {{"policy", "h2o"}, {"budget_tokens", 50}}}});
+  requests.push_back({{"prompt", json::array({1, 5, 6})}, {"max_tokens", 5}, {"kvevict", {{"policy", "h2o"}, {"budget_tokens", 50}}}});
+
+  for (const std::string mode : {"decode", "sim"}) {
+    DYNAMIC_SECTION(mode << " mode") {
+      // Batch 1, one request at a time: the reference.
+      std::vector<std::string> alone;
+      {
+        ServerProcess server({"--mode", mode, "--batch-size", "1"}, "batch1_" + mode);
+        for (const json& body : requests) {
+          auto res = server.client().Post("/v1/completions", body.dump(), "application/json");
+          REQUIRE(res);
+          alone.push_back(comparable_answer(body, res->status, res->body));
+        }
+        // No batcher at batch size 1: today's path, each request on its worker's thread.
+        auto metrics = server.client().Get("/metrics");
+        REQUIRE(metrics);
+        CHECK(metrics->body.find("kvevict_batch_model_calls_total") == std::string::npos);
+      }
+      for (size_t i = 0; i < requests.size(); ++i) {
+        INFO("request " << i << ": " << alone[i].substr(0, 300));
+        if (i < good)
+          CHECK(alone[i].rfind("4", 0) != 0);
+        else
+          CHECK(alone[i].rfind("400 ", 0) == 0);
+        if (requests[i].value("stream", false)) CHECK(alone[i].rfind("stream chunked ", 0) == 0);
+      }
+      // Batch 4 with 8 workers: 8 clients send every request at once, each in its own order,
+      // so streams join while others run and some wait for a place.
+      ServerProcess server({"--mode", mode, "--batch-size", "4", "--workers", "8"}, "batch4_" + mode);
+      constexpr int kClients = 8;
+      std::vector<std::vector<std::string>> got(kClients, std::vector<std::string>(requests.size()));
+      std::vector<std::thread> clients;
+      for (int c = 0; c < kClients; ++c)
+        clients.emplace_back([&, c] {
+          for (size_t k = 0; k < requests.size(); ++k) {
+            const size_t n = requests.size(), rotated = (k + static_cast<size_t>(c) * 3) % n;
+            const size_t i = c % 2 ? n - 1 - rotated : rotated;
+            auto res = server.client().Post("/v1/completions", requests[i].dump(), "application/json");
+            got[c][i] = res ? comparable_answer(requests[i], res->status, res->body) : "no answer";
+          }
+        });
+      for (auto& t : clients) t.join();
+      for (int c = 0; c < kClients; ++c)
+        for (size_t i = 0; i < requests.size(); ++i) {
+          INFO("client " << c << " request " << i << ": " << requests[i].dump().substr(0, 200));
+          CHECK(got[c][i] == alone[i]);
+        }
+      // Batching happened: some model call ran several requests' sequences.
+      auto metrics = server.client().Get("/metrics");
+      REQUIRE(metrics);
+      INFO(metrics->body);
+      const double calls = metric(metrics->body, "kvevict_batch_model_calls_total");
+      CHECK(calls > 0);
+      CHECK(metric(metrics->body, "kvevict_batch_sequences_count") == calls);
+      CHECK(metric(metrics->body, "kvevict_batch_segments_total") > calls);
+      CHECK(metric(metrics->body, "kvevict_batch_sequences_bucket{le=\"1\"}") < calls);
+      CHECK(metric(metrics->body, "kvevict_batch_largest") >= 2);
+      CHECK(metric(metrics->body, "kvevict_batch_largest") <= 4);
+      CHECK(metric(metrics->body, "kvevict_batch_sequences_bucket{le=\"4\"}") == calls);
+      CHECK(metric(metrics->body, "kvevict_batch_size_limit") == 4);
+      CHECK(metric(metrics->body, "kvevict_batch_running") == 0);
+      CHECK(metric(metrics->body, "kvevict_request_errors_total") == 2 * kClients);
+    }
+  }
+}
+
+TEST_CASE("a streaming client that disconnects stops its generation and frees its place", "[server]") {
+  for (const std::string batch : {"1", "2"}) {
+    DYNAMIC_SECTION("batch size " << batch) {
+      ServerProcess server({"--mode", "decode", "--batch-size", batch}, "disconnect_" + batch);
+      const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"temperature", 0},
+                         {"kvevict", {{"policy", "h2o"}, {"budget", 0.5}}}};
+      json whole = post(server, "/v1/completions", body);
+      const int full_tokens = whole["usage"]["completion_tokens"].get<int>();
+      REQUIRE(full_tokens >= 100);
+      // The same request streamed, dropped once its first text has come.
+      json streamed = body;
+      streamed["stream"] = true;
+      httplib::Request request;
+      request.method = "POST";
+      request.path = "/v1/completions";
+      request.body = streamed.dump();
+      request.set_header("Content-Type", "application/json");
+      std::string received;
+      request.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+        received.append(data, length);
+        return received.find("\"text\":\"") == std::string::npos;  // false: hang up
+      };
+      auto client = server.client();
+      auto res = client.send(request);
+      CHECK(!res);  // the client cancelled
+      CHECK(received.find("data: ") == 0);
+      client.stop();
+      // The server counts a request's generated tokens as it ends.
+      double generated = 0;
+      for (int i = 0; i < 2000 && generated <= full_tokens; ++i) {
+        auto metrics = server.client().Get("/metrics");
+        REQUIRE(metrics);
+        generated = metric(metrics->body, "kvevict_generated_tokens_total");
+        if (generated <= full_tokens) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      const double dropped = generated - full_tokens;
+      CHECK(dropped > 0);
+      CHECK(dropped < full_tokens);  // it stopped when the client went, not at max_tokens
+      // Its place is free, and nothing of it stays: the next request gets the same answer.
+      json again = post(server, "/v1/completions", body);
+      for (json* j : {&whole, &again}) {
+        j->erase("id");
+        j->erase("created");
+      }
+      CHECK(again == whole);
+      if (batch != "1") {
+        auto metrics = server.client().Get("/metrics");
+        REQUIRE(metrics);
+        CHECK(metric(metrics->body, "kvevict_batch_running") == 0);
+        CHECK(metric(metrics->body, "kvevict_batch_waiting") == 0);
+      }
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include "harness/common/atomic_file.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
+#include "harness/eval/evaluator.h"
 #include "harness/model/threads.h"
 #include "harness/server/server.h"
 
@@ -22,7 +23,8 @@ namespace {
 
 struct ServeArgs {
   std::string model, mode = "sim", protocol = "stream", host = "127.0.0.1", port_file, api_key;
-  int port = 8000, workers = 1, max_queue = 64;
+  int port = 8000, workers = 0, max_queue = 64;  // workers 0: the batch size
+  int batch_size = 0;                             // 0: default_batch_size()
   server::RequestLimits limits;
   RuntimeFlags runtime;
   PolicyFlags policy;
@@ -39,7 +41,12 @@ void add_serve_flags(CLI::App& cmd, ServeArgs& a) {
   cmd.add_option("--host", a.host, "address to bind (anyone who reaches it may call the server)")->capture_default_str();
   cmd.add_option("--port", a.port, "port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd.add_option("--port-file", a.port_file, "write the bound port here once listening");
-  cmd.add_option("--workers", a.workers, "requests computed at once (one shared model)")->check(cli::at_least(1))->capture_default_str();
+  cmd.add_option("--batch-size", a.batch_size,
+                 "sequences run together in one model call, from concurrent requests, each with its own cache and "
+                 "policy state (default: chosen from the model and the machine, as eval's); no number depends on it")
+      ->check(cli::at_least(1));
+  cmd.add_option("--workers", a.workers, "requests computed at once, one shared model (default: the batch size)")
+      ->check(cli::at_least(1));
   cmd.add_option("--max-queue", a.max_queue, "requests that may wait for a worker; more get 503")
       ->check(cli::at_least(0))->capture_default_str();
   cmd.add_option("--api-key", a.api_key, "require \"Authorization: Bearer KEY\"");
@@ -71,12 +78,17 @@ int run_serve(ServeArgs& a, const Invocation& at) {
   settings.limits = a.limits;
   settings.limits.context = static_cast<int>(model->arch().max_positions);
   settings.limits.vocab_size = static_cast<int>(model->arch().vocab);
+  settings.batch_size = a.batch_size > 0 ? a.batch_size : default_batch_size(*model);
+  // Said once, where a default batches, as eval says it.
+  if (a.batch_size == 0 && settings.batch_size > 1)
+    std::cerr << "batch size " << settings.batch_size << " (this model's default on this machine; --batch-size N to choose)"
+              << std::endl;
   server::Completer completer(*model, settings);
 
   server::ServerOptions options;
   options.host = a.host;
   options.port = a.port;
-  options.workers = a.workers;
+  options.workers = a.workers > 0 ? a.workers : settings.batch_size;
   options.max_queue = a.max_queue;
   options.api_key = a.api_key;
   options.model_name = std::filesystem::path(a.model).filename().string();

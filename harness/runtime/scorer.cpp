@@ -37,34 +37,62 @@ std::vector<TokenLogprob> top_logprobs(const double* logprobs, int vocab, int k)
   return top;
 }
 
-void run_batched(const Model& model, int count, int batch_size,
-                 const std::function<std::unique_ptr<BatchStream>(int)>& make,
-                 const std::function<void(int, BatchStream&)>& finished) {
+void run_continuous(const Model& model, int batch_size, const std::function<JoiningStream(bool idle)>& join,
+                    const std::function<void(int, BatchStream&)>& finished,
+                    const std::function<void(int segments)>& ran) {
   if (batch_size < 1) throw Error("batch size " + std::to_string(batch_size) + " must be at least 1");
-  std::vector<std::pair<int, std::unique_ptr<BatchStream>>> active;  // [<= batch_size]: index, stream
-  int waiting = 0;  // the next stream to join
+  std::vector<JoiningStream> active;  // [<= batch_size]
   auto retire_finished = [&] {
-    std::vector<std::pair<int, std::unique_ptr<BatchStream>>> still;
-    for (auto& entry : active) {
-      if (entry.second->done())
-        finished(entry.first, *entry.second);
+    std::vector<JoiningStream> still;
+    for (const JoiningStream& entry : active) {
+      if (entry.stream->done())
+        finished(entry.id, *entry.stream);
       else
-        still.push_back(std::move(entry));
+        still.push_back(entry);
     }
     active = std::move(still);
   };
-  while (waiting < count || !active.empty()) {
-    while (static_cast<int>(active.size()) < batch_size && waiting < count) {
-      active.emplace_back(waiting, make(waiting));
-      ++waiting;
+  for (;;) {
+    while (static_cast<int>(active.size()) < batch_size) {
+      const JoiningStream joining = join(active.empty());
+      if (!joining.stream) break;
+      active.push_back(joining);
     }
-    retire_finished();  // a stream with nothing to run (none today) ends at once
+    if (active.empty()) return;  // join gave nothing while idle: the run is over
+    retire_finished();           // a stream with nothing to run (none today) ends at once
     if (active.empty()) continue;
     std::vector<BatchSegment> segments;  // [active]
-    for (auto& entry : active) segments.push_back(entry.second->next());
+    for (const JoiningStream& entry : active) segments.push_back(entry.stream->next());
     const std::vector<torch::Tensor> logits = model.forward_batch(segments);
-    for (size_t i = 0; i < active.size(); ++i) active[i].second->take(logits[i]);
+    for (size_t i = 0; i < active.size(); ++i) active[i].stream->take(logits[i]);
+    if (ran) ran(static_cast<int>(segments.size()));
     retire_finished();
+  }
+}
+
+void run_batched(const Model& model, int count, int batch_size,
+                 const std::function<std::unique_ptr<BatchStream>(int)>& make,
+                 const std::function<void(int, BatchStream&)>& finished) {
+  std::vector<std::unique_ptr<BatchStream>> made(count);  // [count]: each stream while it runs
+  int waiting = 0;                                        // the next stream to join
+  run_continuous(
+      model, batch_size,
+      [&](bool) {
+        if (waiting >= count) return JoiningStream{};
+        made[waiting] = make(waiting);
+        ++waiting;
+        return JoiningStream{waiting - 1, made[waiting - 1].get()};
+      },
+      [&](int i, BatchStream& stream) {
+        finished(i, stream);
+        made[i].reset();
+      });
+}
+
+void run_alone(const Model& model, BatchStream& stream) {
+  while (!stream.done()) {
+    const BatchSegment segment = stream.next();
+    stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
   }
 }
 
@@ -151,14 +179,6 @@ SequenceScore ScoreStream::result() {
 }
 
 namespace {
-
-// Runs a stream's model calls one after another (batch 1).
-void run_alone(const Model& model, BatchStream& stream) {
-  while (!stream.done()) {
-    const BatchSegment segment = stream.next();
-    stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
-  }
-}
 
 // 0 .. n-1 ordered by length(i), longest first, equal lengths in index order (lm-eval's order).
 std::vector<int> longest_first(int n, const std::function<size_t(int)>& length) {

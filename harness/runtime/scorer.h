@@ -47,6 +47,25 @@ class BatchStream {
   virtual void take(const torch::Tensor& logits) = 0;
 };
 
+// Runs a stream's model calls one after another, each alone (batch 1).
+void run_alone(const Model& model, BatchStream& stream);
+
+// Continuous batching over streams that may arrive while it runs: up to batch_size streams
+// in each forward_batch(); before each call the free places are offered to join(idle),
+// which gives the next waiting stream (its id and the stream, not done(); it stays the
+// caller's) or a null stream when none waits now. idle is true when nothing is running:
+// join may then wait for a stream, and a null one ends the run. finished(id, stream) is
+// called as a stream ends, in the order they end; ran(segments), when given, after each
+// model call. An error a model call throws leaves the run (the streams in it are then in
+// no known state).
+struct JoiningStream {
+  int id = -1;
+  BatchStream* stream = nullptr;
+};
+void run_continuous(const Model& model, int batch_size, const std::function<JoiningStream(bool idle)>& join,
+                    const std::function<void(int, BatchStream&)>& finished,
+                    const std::function<void(int segments)>& ran = {});
+
 // Runs make(i) for i in [0, count) with up to batch_size streams in each forward_batch():
 // a stream that is done leaves the batch and the next waiting one joins (continuous
 // batching), its first block running in the same forward as the others' steps.

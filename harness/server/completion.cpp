@@ -1,7 +1,10 @@
 #include "harness/server/completion.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 
 #include "harness/common/errors.h"
 #include "harness/eval/joint_request.h"
@@ -73,6 +76,51 @@ class StreamedText {
   std::string sent_;
 };
 
+// A generation run in the batch whose new tokens reach on_token on this (the request's)
+// thread: the batcher's thread only queues them, so a slow client never holds up its batch
+// neighbours. Once on_token says false (the client has gone) the stream stops at its next
+// token and leaves the batch.
+Generation generate_in_batch(StreamBatcher& batcher, const Model& model, const Policy& policy,
+                             const std::vector<int>& prompt, GenerateOptions options,
+                             const std::function<bool(int)>& on_token) {
+  struct Channel {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<int> tokens;  // made, not yet handed to on_token
+    bool ended = false;
+    std::exception_ptr error;
+    std::atomic<bool> cancelled{false};
+  } channel;
+  // Notified under the lock: once it is released the request thread may return and end
+  // the channel.
+  options.on_token = [&channel](int token) {
+    std::lock_guard<std::mutex> lock(channel.mutex);
+    channel.tokens.push_back(token);
+    channel.changed.notify_one();
+    return !channel.cancelled.load();
+  };
+  GenerationStream stream(model, policy, prompt, std::move(options));
+  batcher.submit(stream, [&channel](std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(channel.mutex);
+    channel.ended = true;
+    channel.error = error;
+    channel.changed.notify_one();
+  });
+  for (bool ended = false; !ended;) {
+    std::vector<int> tokens;
+    {
+      std::unique_lock<std::mutex> lock(channel.mutex);
+      channel.changed.wait(lock, [&] { return channel.ended || !channel.tokens.empty(); });
+      tokens.swap(channel.tokens);
+      ended = channel.ended;
+    }
+    for (int token : tokens)
+      if (!channel.cancelled && !on_token(token)) channel.cancelled = true;
+  }
+  if (channel.error) std::rethrow_exception(channel.error);
+  return stream.result();
+}
+
 }  // namespace
 
 double json_safe_logprob(double logprob) {
@@ -87,9 +135,23 @@ Completer::Completer(const Model& model, CompletionSettings settings)
   policy->check_keeps_a_token(model_.arch().max_positions);
   policy_ = std::move(policy);
   model_.require_tokenizer();
+  if (settings_.batch_size < 1) throw Error("--batch-size must be at least 1");
+  if (settings_.batch_size > 1) batcher_ = std::make_unique<StreamBatcher>(model_, settings_.batch_size);
 }
 
 Completer::~Completer() = default;
+
+std::optional<StreamBatcher::Stats> Completer::batch_stats() const {
+  if (!batcher_) return std::nullopt;
+  return batcher_->stats();
+}
+
+void Completer::run(BatchStream& stream) const {
+  if (batcher_)
+    batcher_->run(stream);
+  else
+    run_alone(model_, stream);
+}
 
 Completer::Prepared Completer::prepare(const CompletionRequest& request) const {
   const Tokenizer& tokenizer = model_.require_tokenizer();
@@ -147,15 +209,30 @@ std::vector<Choice> Completer::complete(const Prepared& prepared, const TextSink
   // request) share their context in decode mode, as eval's do (SharedContextStream): the
   // same numbers, the common calls run once. A prompt the policy refuses is scored alone
   // below, where its error names it.
+  // In sim mode, with a batcher, the prompts' passes join the batch together instead.
   std::vector<SequenceScore> scored;
-  if (request.echo && request.logprobs >= 0 && settings_.mode == Mode::Decode && prepared.prompts.size() > 1) {
+  const bool scores_prompts = request.echo && request.logprobs >= 0 && prepared.prompts.size() > 1;
+  if (scores_prompts && (settings_.mode == Mode::Decode || batcher_)) {
     const int context_tokens = settings_.protocol == Protocol::PrefillCompress ? request.policy.context_tokens : 0;
     std::vector<ScoreRequest> passes;
     for (const std::vector<int>& prompt : prepared.prompts)
       passes.push_back(joint_score_request(model_, settings_.protocol, prompt, context_tokens, 0,
                                            std::max(1, request.logprobs)));
     try {
-      scored = score_shared_context(model_, *prepared.policy, settings_.mode, passes, true);
+      if (settings_.mode == Mode::Decode) {
+        SharedContextStream shared(model_, *prepared.policy, settings_.mode, passes, true);
+        run(shared);
+        scored = shared.results();
+      } else {
+        std::vector<std::unique_ptr<ScoreStream>> streams;  // [prompts]
+        std::vector<BatchStream*> running;
+        for (const ScoreRequest& pass : passes) {
+          streams.push_back(std::make_unique<ScoreStream>(model_, *prepared.policy, settings_.mode, pass));
+          running.push_back(streams.back().get());
+        }
+        batcher_->run(running);
+        for (auto& stream : streams) scored.push_back(stream->result());
+      }
     } catch (const Error&) {
       scored.clear();
     }
@@ -194,9 +271,14 @@ Choice Completer::complete_one(const Policy& policy, const CompletionRequest& re
   SequenceScore scored;
   if (prompt_logprobs) {
     const int context_tokens = settings_.protocol == Protocol::PrefillCompress ? request.policy.context_tokens : 0;
-    scored = prompt_score ? *prompt_score
-                          : score_joint_request(model_, policy, settings_.mode, settings_.protocol, prompt,
-                                                context_tokens, 0, top_k);
+    if (prompt_score) {
+      scored = *prompt_score;
+    } else {
+      ScoreStream pass(model_, policy, settings_.mode,
+                       joint_score_request(model_, settings_.protocol, prompt, context_tokens, 0, top_k));
+      run(pass);
+      scored = pass.result();
+    }
     choice.kv_tokens_full = T;
     double kept = 0;
     for (int k : scored.kv.kept_per_layer) kept += k;
@@ -231,12 +313,19 @@ Choice Completer::complete_one(const Policy& policy, const CompletionRequest& re
     options.stream = settings_.protocol == Protocol::Stream;
     options.top_logprobs = request.logprobs >= 0 ? top_k : -1;
     std::vector<int> so_far;
-    if (sink)
-      options.on_token = [&](int token) {
-        so_far.push_back(token);
-        return streamed.update(completion_text(tokenizer, prompt, prompt_text, so_far), false);
-      };
-    Generation g = generate(model_, policy, prompt, options);
+    auto send = [&](int token) {
+      so_far.push_back(token);
+      return streamed.update(completion_text(tokenizer, prompt, prompt_text, so_far), false);
+    };
+    Generation g;
+    if (batcher_ && sink) {
+      g = generate_in_batch(*batcher_, model_, policy, prompt, std::move(options), send);
+    } else {
+      if (sink) options.on_token = send;
+      GenerationStream stream(model_, policy, prompt, std::move(options));
+      run(stream);
+      g = stream.result();
+    }
     generated = g.tokens;
     stopped = g.finish == FinishReason::Eos || g.finish == FinishReason::Stop;
     ended_at_eos = g.finish == FinishReason::Eos;

@@ -1,16 +1,19 @@
 // One /v1/completions request answered under a policy: the server's only call into the
-// model. A prompt is scored as `kvevict eval` scores a joint request (score_joint_request,
-// the same code path) and continued with `generate`, so a served log-prob or generation
-// is the one the CLI computes for the same tokens, policy and mode.
+// model. A prompt is scored as `kvevict eval` scores a joint request (joint_score_request's
+// pass as a ScoreStream, the same code path) and continued with `generate`'s
+// GenerationStream, so a served log-prob or generation is the one the CLI computes for the
+// same tokens, policy and mode, at any batch size.
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "harness/config/eval_config.h"
 #include "harness/model/model.h"
 #include "harness/runtime/scorer.h"
+#include "harness/runtime/stream_batcher.h"
 #include "harness/server/request.h"
 #include "policies/policy.h"
 
@@ -24,6 +27,10 @@ struct CompletionSettings {
   std::string policy = "full";
   PolicyOptions policy_options;
   RequestLimits limits;
+  // Above 1: every request's model calls (score passes, generation steps) join one
+  // StreamBatcher, up to this many sequences per forward_batch(), so concurrent requests
+  // run together; 1: each request runs its calls alone on its own worker's thread.
+  int batch_size = 1;
 };
 
 // One choice: its text and, when logprobs were asked, one entry per token (the prompt's
@@ -52,6 +59,8 @@ class Completer {
   ~Completer();
   const CompletionSettings& settings() const { return settings_; }
   const Model& model() const { return model_; }
+  // The batcher's counters; none at batch size 1.
+  std::optional<StreamBatcher::Stats> batch_stats() const;
 
   // A request made ready to run: its policy and its prompts' token ids. Throws
   // RequestError for one the model cannot serve as asked (a prompt too long, a sim-only
@@ -65,7 +74,8 @@ class Completer {
 
   // Answers a prepared request (throws RequestError for what a policy refuses on a
   // sequence, e.g. a token budget longer than the prompt). Safe to call from several
-  // threads at once: the model and the policies are only read.
+  // threads at once: the model and the policies are only read, and each request's streams
+  // (its caches and policy states) are its own, whether they run alone or in a batch.
   std::vector<Choice> complete(const Prepared& prepared, const TextSink& sink = {}) const;
 
  private:
@@ -73,9 +83,12 @@ class Completer {
   // other prompts); null: run it here.
   Choice complete_one(const Policy& policy, const CompletionRequest& request, const std::vector<int>& prompt,
                       int index, const TextSink& sink, const SequenceScore* prompt_score) const;
+  // Runs a stream to its end: in the batch, or alone at batch size 1.
+  void run(BatchStream& stream) const;
   const Model& model_;
   CompletionSettings settings_;
   std::shared_ptr<const Policy> policy_;
+  std::unique_ptr<StreamBatcher> batcher_;  // null at batch size 1
 };
 
 // A log-prob as the JSON writer may see it: finite, at least -9999 (NaN: -9999).

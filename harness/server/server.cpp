@@ -276,11 +276,42 @@ struct Server::Impl {
         << "kvevict_queue_depth " << admission.waiting() << "\n";
     out << "# HELP kvevict_requests_running requests being computed\n# TYPE kvevict_requests_running gauge\n"
         << "kvevict_requests_running " << admission.running() << "\n";
+    out << "# HELP kvevict_batch_size_limit sequences one model call may run (--batch-size)\n"
+        << "# TYPE kvevict_batch_size_limit gauge\nkvevict_batch_size_limit " << completer.settings().batch_size << "\n";
+    if (const auto batch = completer.batch_stats()) batch_metrics(out, *batch);
     out << "# HELP kvevict_kv_tokens_kept_total KV tokens held at the end of each choice (mean over layers), summed\n"
         << "# TYPE kvevict_kv_tokens_kept_total counter\nkvevict_kv_tokens_kept_total " << kept << "\n";
     out << "# HELP kvevict_kv_tokens_full_total KV tokens a full cache would hold at the end of each choice, summed\n"
         << "# TYPE kvevict_kv_tokens_full_total counter\nkvevict_kv_tokens_full_total " << full << "\n";
     res.set_content(out.str(), "text/plain; version=0.0.4");
+  }
+
+  // The batcher's model calls (only when --batch-size is above 1): how many sequences each
+  // ran, as a Prometheus histogram with a bucket per power of two up to the batch size.
+  static void batch_metrics(std::ostream& out, const StreamBatcher::Stats& batch) {
+    out << "# HELP kvevict_batch_model_calls_total model calls (forward_batch) the batcher made\n"
+        << "# TYPE kvevict_batch_model_calls_total counter\nkvevict_batch_model_calls_total " << batch.model_calls << "\n";
+    out << "# HELP kvevict_batch_segments_total sequences run in them (one per request stream per call)\n"
+        << "# TYPE kvevict_batch_segments_total counter\nkvevict_batch_segments_total " << batch.segments << "\n";
+    out << "# HELP kvevict_batch_largest the most sequences one model call has run\n"
+        << "# TYPE kvevict_batch_largest gauge\nkvevict_batch_largest " << batch.largest << "\n";
+    out << "# HELP kvevict_batch_running request streams in the batch now\n"
+        << "# TYPE kvevict_batch_running gauge\nkvevict_batch_running " << batch.running << "\n";
+    out << "# HELP kvevict_batch_waiting request streams waiting for a place in the batch\n"
+        << "# TYPE kvevict_batch_waiting gauge\nkvevict_batch_waiting " << batch.waiting << "\n";
+    out << "# HELP kvevict_batch_sequences sequences per model call\n# TYPE kvevict_batch_sequences histogram\n";
+    const int most = static_cast<int>(batch.calls_of_size.size()) - 1;
+    int64_t cumulative = 0;
+    int counted = 0;  // sizes 0 .. counted are in `cumulative`
+    auto bucket = [&](int le) {
+      for (; counted < le; ++counted) cumulative += batch.calls_of_size[counted + 1];
+      out << "kvevict_batch_sequences_bucket{le=\"" << le << "\"} " << cumulative << "\n";
+    };
+    for (int le = 1; le < most; le *= 2) bucket(le);
+    bucket(most);
+    out << "kvevict_batch_sequences_bucket{le=\"+Inf\"} " << cumulative << "\n"
+        << "kvevict_batch_sequences_sum " << batch.segments << "\nkvevict_batch_sequences_count " << batch.model_calls
+        << "\n";
   }
 
   // Every route's errors become OpenAI-style error bodies; nothing escapes to httplib.

@@ -1,6 +1,7 @@
 // `kvevict serve`'s HTTP server (cpp-httplib): the OpenAI completions route, the
 // tokenizer routes lm-eval's remote tokenizer uses, models, health and Prometheus
-// metrics; a bounded queue in front of N workers that share one read-only model.
+// metrics; a bounded queue in front of N workers that share one read-only model (and,
+// above batch size 1, one batcher that runs their model calls together).
 #pragma once
 #include <functional>
 #include <memory>
@@ -13,7 +14,7 @@ namespace kvevict::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;           // 0: any free port
-  int workers = 1;           // requests computed at once
+  int workers = 1;           // requests computed at once (with batching: feeding the batcher)
   int max_queue = 64;        // requests waiting for a worker; one more gets 503
   std::string api_key;       // "": no authentication
   std::string model_name;    // the id /v1/models lists

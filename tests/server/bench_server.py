@@ -3,12 +3,15 @@
 
 Starts the server at each worker count, sends lm-eval's loglikelihood request (token-id
 prompt, echo, max_tokens 1, logprobs 1) for every choice of the first N COPA documents
-from as many concurrent clients as workers, and prints requests/s. Then runs `kvevict
+from as many concurrent clients as workers (or --clients), at each --batch-sizes (the
+server's --batch-size: concurrent requests' model calls run together), and prints
+requests/s. Then runs `kvevict
 eval` on the same documents (one thread, the same policy) and prints the latency HTTP
 adds per request: the server's mean latency with one client less eval's seconds per
 request. Standard library only.
 
-    python3 tests/server/bench_server.py BUILD/kvevict [--docs 100] [--workers 1,2] [policy flags...]
+    python3 tests/server/bench_server.py BUILD/kvevict [--docs 100] [--workers 1,2] [--batch-sizes 1,4]
+        [--clients N] [policy flags...]
 """
 import argparse
 import http.client
@@ -103,6 +106,8 @@ def main():
     ap.add_argument("binary")
     ap.add_argument("--docs", type=int, default=100)
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--batch-sizes", default="1", help="the server's --batch-size, each with each worker count")
+    ap.add_argument("--clients", type=int, default=0, help="concurrent clients (default: the worker count)")
     ap.add_argument("--repeat", type=int, default=3, help="passes over the requests; the best is reported")
     args, policy = ap.parse_known_args()
     load = os.getloadavg()[0]
@@ -114,22 +119,24 @@ def main():
     print(f"{len(prompts)} COPA requests ({args.docs} documents, {mean_tokens:.1f} tokens each), "
           f"policy flags: {' '.join(policy) or 'full'}; load average {load:.2f}")
     one_client_latency = None
-    for workers in [int(w) for w in args.workers.split(",")]:
-        proc, port = start(args.binary, policy + ["--workers", str(workers)])
-        run_clients(port, prompts[:10], workers, None)  # warm up
+    configurations = [(int(b), int(w)) for b in args.batch_sizes.split(",") for w in args.workers.split(",")]
+    for batch, workers in configurations:
+        clients = args.clients or workers
+        proc, port = start(args.binary, policy + ["--workers", str(workers), "--batch-size", str(batch)])
+        run_clients(port, prompts[:10], clients, None)  # warm up
         best = None
         for _ in range(args.repeat):
-            seconds, latencies = run_clients(port, prompts, workers, None)
+            seconds, latencies = run_clients(port, prompts, clients, None)
             if best is None or seconds < best[0]:
                 best = (seconds, latencies)
         proc.terminate()
         proc.wait()
         seconds, latencies = best
         latencies.sort()
-        print(f"workers {workers}, clients {workers}: {len(prompts) / seconds:.1f} requests/s, "
+        print(f"batch size {batch}, workers {workers}, clients {clients}: {len(prompts) / seconds:.1f} requests/s, "
               f"latency mean {1000 * sum(latencies) / len(latencies):.2f} ms, "
               f"p50 {1000 * latencies[len(latencies) // 2]:.2f} ms")
-        if workers == 1:
+        if workers == 1 and clients == 1 and batch == 1:
             one_client_latency = sum(latencies) / len(latencies)
     # eval on the same documents, one thread, best of repeat: its own timer ("seconds").
     eval_seconds = None
@@ -141,9 +148,10 @@ def main():
         s = json.loads(out.stdout)["seconds"]
         eval_seconds = s if eval_seconds is None else min(eval_seconds, s)
     per_request = eval_seconds / len(prompts)
-    print(f"eval: {1000 * per_request:.2f} ms per request ({eval_seconds:.3f} s for {len(prompts)}); "
-          f"HTTP adds {1000 * (one_client_latency - per_request):.2f} ms per request "
-          f"(server latency with one client {1000 * one_client_latency:.2f} ms)")
+    print(f"eval: {1000 * per_request:.2f} ms per request ({eval_seconds:.3f} s for {len(prompts)})" +
+          ("" if one_client_latency is None else
+           f"; HTTP adds {1000 * (one_client_latency - per_request):.2f} ms per request "
+           f"(server latency with one client {1000 * one_client_latency:.2f} ms)"))
 
 
 if __name__ == "__main__":
