@@ -385,6 +385,25 @@ std::unique_ptr<PolicyDriver> make_dmc_driver(const Policy& policy, int layer, c
   return driver;
 }
 
+// One KV head's DMC buffer [capacity, d] after a block, whose rows 0 .. used-1 held its
+// slots and the block's versions: the rows `kept` (ascending) move to rows 0 .. kept-1,
+// the rest up to `used` are zeroed (unused rows stay finite), and memory follows the
+// slots, not the prefill block that made them: the slots and room to grow, shrunk only
+// above what step-by-step doubling leaves.
+void keep_dmc_rows(torch::Tensor& buffer, const std::vector<int64_t>& kept, int64_t used) {
+  const int64_t n = static_cast<int64_t>(kept.size()), d = buffer.size(1);
+  bool in_place = true;
+  for (int64_t s = 0; s < n; ++s) in_place = in_place && kept[s] == s;
+  if (!in_place)
+    buffer.narrow(0, 0, n).copy_(buffer.index_select(0, torch::tensor(kept, torch::kLong).to(buffer.device())));
+  if (used > n) buffer.narrow(0, n, used - n).zero_();
+  if (buffer.size(0) > 2 * (n + 1) + 16) {
+    auto smaller = torch::zeros({n + 1 + std::max<int64_t>(16, n / 8), d}, buffer.options());
+    smaller.narrow(0, 0, n).copy_(buffer.narrow(0, 0, n));
+    buffer = smaller;
+  }
+}
+
 // A DMC layer's counts from its slots per KV head (all visible); returns the slots summed
 // over the heads, which never shrink (a merge replaces one), so they are the layer's peak.
 int64_t record_dmc_stats(KvStats& stats, int layer, const std::vector<int64_t>& slots, const DmcMergeState& dmc) {
@@ -678,25 +697,9 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
     }
   }
   for (int64_t h = 0; h < n_kv; ++h) {
-    const int64_t used = cache.dmc_slots[h] + t, n = static_cast<int64_t>(kept[h].size());
-    bool in_place = true;
-    for (int64_t s = 0; s < n; ++s) in_place = in_place && kept[h][s] == s;
-    for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values}) {
-      torch::Tensor& buffer = (*buffers)[h];
-      if (!in_place) {
-        auto rows = torch::tensor(kept[h], torch::kLong).to(k.device());
-        buffer.narrow(0, 0, n).copy_(buffer.index_select(0, rows));
-      }
-      if (used > n) buffer.narrow(0, n, used - n).zero_();  // unused rows stay finite and zero
-      // Memory follows the slots, not the prefill block that made them: the slots and room
-      // to grow, shrunk only above what step-by-step doubling leaves.
-      if (buffer.size(0) > 2 * (n + 1) + 16) {
-        auto smaller = torch::zeros({n + 1 + std::max<int64_t>(16, n / 8), d}, buffer.options());
-        smaller.narrow(0, 0, n).copy_(buffer.narrow(0, 0, n));
-        buffer = smaller;
-      }
-    }
-    cache.dmc_slots[h] = n;
+    for (auto* buffers : {&cache.dmc_keys, &cache.dmc_values})
+      keep_dmc_rows((*buffers)[h], kept[h], cache.dmc_slots[h] + t);
+    cache.dmc_slots[h] = static_cast<int64_t>(kept[h].size());
   }
   int64_t peak;
   if (cache.driver) {
