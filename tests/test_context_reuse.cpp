@@ -3,6 +3,8 @@
 // the same request alone, bit for bit: the calls are the same ones. Each case also checks
 // that reuse happened (or, where it must not, that it did not), so a harness that silently
 // stopped reusing fails.
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "harness/eval/joint_request.h"
 #include "harness/model/model.h"
 #include "harness/runtime/scorer.h"
+#include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
@@ -360,4 +363,36 @@ TEST_CASE("eval: --no-context-reuse changes no prediction, score or agreement", 
   auto flag = test::run_kvevict("eval --model " + test::data("models/stories260K-hf") +
                                 " --task copa --limit 3 --mode decode --policy h2o --budget-tokens 8 --no-context-reuse");
   CHECK(flag.exit_code == 0);
+}
+
+TEST_CASE("sweep: context_reuse false gives the same rows, and is not part of a cell", "[reuse][sweep]") {
+  namespace fs = std::filesystem;
+  const auto dir = test::temp_dir("reuse_sweep");
+  auto write = [&](const std::string& name, const std::string& reuse) {
+    const std::string path = (fs::path(dir) / name).string();
+    std::ofstream(path) << R"({"name": "reuse", "tasks": ["copa"], "policies": ["h2o"], "budget_tokens": [8],
+      "mode": "decode", "limit": 4, "max_length": 128, "context_reuse": )"
+                        << reuse << "}";
+    return path;
+  };
+  auto rows_of = [&](const std::string& out) {
+    std::vector<std::string> rows;
+    for (auto row : read_results_csv((fs::path(out) / "results.csv").string())) {
+      row.seconds.reset();
+      rows.push_back(format_row(row));
+    }
+    return rows;
+  };
+  const std::string on = (fs::path(dir) / "on").string(), off = (fs::path(dir) / "off").string();
+  REQUIRE(test::run_kvevict("sweep " + write("on.json", "true") + " --out " + on).exit_code == 0);
+  REQUIRE(test::run_kvevict("sweep " + write("off.json", "false") + " --out " + off).exit_code == 0);
+  const auto rows = rows_of(on);
+  CHECK(rows.size() == 1);
+  CHECK(rows == rows_of(off));
+  // The folder made with reuse resumes without it: the same sweep, every cell finished.
+  CHECK(test::run_kvevict("sweep " + write("off.json", "false") + " --out " + on).exit_code == 0);
+  CHECK(rows_of(on) == rows);
+  auto bad = test::run_kvevict("sweep " + write("bad.json", "\"no\"") + " --out " + (fs::path(dir) / "bad").string());
+  CHECK(bad.exit_code != 0);
+  CHECK_THAT(bad.err, Catch::Contains("context_reuse"));
 }

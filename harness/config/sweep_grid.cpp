@@ -80,7 +80,8 @@ const std::vector<std::string>& sweep_config_keys() {
       "lengths", "depths", "questions",
       "analyze",  // "analyze": run by `kvevict analyze --config`
       "kv_quant", "kv_bits", "kv_group", "kv_residual", "kv_memories",
-      "batch_size"};  // how many sequences run together: not part of a cell's identity
+      "batch_size",      // how many sequences run together: not part of a cell's identity
+      "context_reuse"};  // whether choices share their context's model calls: likewise
   return keys;
 }
 
@@ -127,10 +128,12 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   if (!config.is_object()) throw Error(path + ": a sweep config must be a JSON object");
   const ConfigObject keys(config, path, sweep_config_keys());
   for (const char* key : {"predictions", "greedy", "bos"}) keys.flag(key, false);
+  const bool context_reuse = keys.flag("context_reuse", true);
   SweepPlan plan;
   plan.config = config;
   plan.config.erase("slurm");  // how to run, not what: not part of the sweep's identity
-  plan.config.erase("batch_size");  // likewise: every number is the same at any batch size
+  plan.config.erase("batch_size");     // likewise: every number is the same at any batch size
+  plan.config.erase("context_reuse");  // and with or without shared-context reuse
   // The model options every cell uses fail here, before a cell runs or a job is submitted.
   plan.device = keys.text("device", plan.device);
   plan.dtype = keys.text("dtype", plan.dtype);
@@ -366,6 +369,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
                 if (config.contains("batch_size"))
                   e.batch_size = checked_int(config["batch_size"], path, "batch_size", 1, 4096);
+                e.context_reuse = context_reuse;
                 plan.cells.push_back(cell);
               }
             }
