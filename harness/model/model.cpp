@@ -188,6 +188,20 @@ torch::Tensor Model::per_segment(const torch::Tensor& x, const RowLayout& rows,
   return torch::cat(parts, 0);
 }
 
+namespace {
+// An activation (elementwise_in_chunks: fixed chunks, each a serial ATen loop whose
+// vectorised body, two vectors a step, and scalar tail round differently) gives a row of
+// `width` elements the bits it gives that row alone when the rows hold whole steps of the
+// widest ISA (2 x 16 floats) and the chunks start at row starts.
+bool activation_rows_apart(int64_t width) { return width % 32 == 0 && kElementwiseChunk % width == 0; }
+}  // namespace
+
+torch::Tensor Model::per_row(const torch::Tensor& x, const RowLayout& rows, bool rows_apart,
+                             const std::function<torch::Tensor(const torch::Tensor&)>& fn) const {
+  if (rows.one_row_each && rows_apart && x.device().is_cpu()) return fn(x);  // CUDA's kernels: not checked
+  return per_segment(x, rows, [&](const torch::Tensor& part, size_t) { return fn(part); });
+}
+
 torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const std::vector<torch::Tensor>& cos,
                                      const std::vector<torch::Tensor>& sin, const std::vector<BatchSegment>& segments,
                                      const RowLayout& rows) const {
@@ -224,9 +238,15 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const st
     return project(out, W(Role::OWeight), W(Role::OBias), rows);
   }
   if (arch_.positions == PositionKind::Rotary) {
-    auto rotate = [&](const torch::Tensor& x, size_t i) { return rotate_half(x, cos[i], sin[i], arch_.rotary_dim); };
-    q = per_segment(q, rows, rotate);
-    k = per_segment(k, rows, rotate);
+    if (rows.one_row_each) {  // an element-wise loop: each row with its own position's cos and sin
+      const auto all_cos = torch::cat(cos, 0), all_sin = torch::cat(sin, 0);  // [segments, 1, rotary_dim]
+      q = rotate_half(q, all_cos, all_sin, arch_.rotary_dim);
+      k = rotate_half(k, all_cos, all_sin, arch_.rotary_dim);
+    } else {
+      auto rotate = [&](const torch::Tensor& x, size_t i) { return rotate_half(x, cos[i], sin[i], arch_.rotary_dim); };
+      q = per_segment(q, rows, rotate);
+      k = per_segment(k, rows, rotate);
+    }
   }
   auto out = per_segment(q, rows, [&](const torch::Tensor& segment_q, size_t i) {
     const int64_t first = rows.first[i], count = rows.count[i];
@@ -256,20 +276,24 @@ torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h, const RowLayou
   if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
     auto gate_up = project(h, W(Role::GateUpWeight), {}, rows);
     const int64_t F = arch_.intermediate;
-    auto gated = per_segment(gate_up, rows, [&](const torch::Tensor& g, size_t) {
+    auto gated = per_row(gate_up, rows, activation_rows_apart(F), [&](const torch::Tensor& g) {
       return silu_in_chunks(g.narrow(-1, 0, F)) * g.narrow(-1, F, F);
     });
     return project(gated, W(Role::DownWeight), {}, rows);
   }
   if (arch_.mlp == MlpKind::SwiGLU) {
     auto up = project(h, W(Role::UpWeight), {}, rows);
-    auto gated = per_segment(project(h, W(Role::GateWeight), {}, rows), rows, [&](const torch::Tensor& g, size_t i) {
-      return silu_in_chunks(g) * (rows.first.size() == 1 ? up : up.narrow(0, rows.first[i], rows.count[i]));
-    });
+    auto gate = project(h, W(Role::GateWeight), {}, rows);
+    auto gated = rows.one_row_each && activation_rows_apart(arch_.intermediate) && gate.device().is_cpu()
+                     ? silu_in_chunks(gate) * up
+                     : per_segment(gate, rows, [&](const torch::Tensor& g, size_t i) {
+                         return silu_in_chunks(g) * (rows.first.size() == 1 ? up : up.narrow(0, rows.first[i], rows.count[i]));
+                       });
     return project(gated, W(Role::DownWeight), {}, rows);
   }
   auto hidden = project(h, W(Role::Fc1Weight), W(Role::Fc1Bias), rows);
-  return project(per_segment(hidden, rows, [&](const torch::Tensor& x, size_t) { return activation(x); }),
+  return project(per_row(hidden, rows, activation_rows_apart(arch_.intermediate),
+                         [&](const torch::Tensor& x) { return activation(x); }),
                  W(Role::Fc2Weight), W(Role::Fc2Bias), rows);
 }
 
@@ -300,6 +324,7 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
     ids.insert(ids.end(), segment.tokens.begin(), segment.tokens.end());
   }
   if (decode_rows.size() >= 2) rows.decode_rows = torch::tensor(decode_rows, torch::kLong).to(device_);
+  rows.one_row_each = segments.size() >= 2 && rows.total == static_cast<int64_t>(segments.size());
   auto G = [&](Role r) -> const torch::Tensor& { return global_[static_cast<int>(r)]; };
   auto id_tensor = torch::tensor(ids, torch::kLong).to(device_);
   auto x = G(Role::Embed).index_select(0, id_tensor);  // [total, hidden]
@@ -329,11 +354,14 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
   }
 
   for (const BatchSegment& segment : segments) segment.attention->set_sliding_window(arch_.sliding_window);
+  // RMSNorm's one reduction (ATen's mean of squares over the last dimension) sums each row
+  // on its own, below ATen's grain on one thread: a row's bits do not depend on the others.
+  const bool norm_rows_apart = arch_.norm == NormKind::RMSNorm;
   for (int l = 0; l < arch_.n_layers; ++l) {
     const Slots& w = layers_[l];
     auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
     auto norm_rows = [&](const torch::Tensor& in, Role weight, Role bias) {
-      return per_segment(in, rows, [&](const torch::Tensor& part, size_t) { return norm(part, W(weight), W(bias)); });
+      return per_row(in, rows, norm_rows_apart, [&](const torch::Tensor& part) { return norm(part, W(weight), W(bias)); });
     };
     auto attend = [&](const torch::Tensor& h) { return attention_block(l, h, cos, sin, segments, rows); };
     switch (arch_.residual) {

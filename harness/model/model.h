@@ -108,12 +108,20 @@ class Model {
     std::vector<int64_t> first, count;  // [segments]
     torch::Tensor decode_rows;          // [d] long: the rows of one-token segments (undefined if < 2 of them)
     int64_t total = 0;
+    // Several segments of one token each (a batch's decode step): a per-row op whose bits
+    // do not depend on the number of rows runs once over all of them (per_row).
+    bool one_row_each = false;
   };
   torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                         const RowLayout& rows) const;
   // fn applied to each segment's rows of x, stacked again.
   torch::Tensor per_segment(const torch::Tensor& x, const RowLayout& rows,
                             const std::function<torch::Tensor(const torch::Tensor&, size_t)>& fn) const;
+  // fn of rows that do not read each other: once over every row when each segment is one
+  // row and `rows_apart` (fn gives each row the bits it gives that row alone), else per
+  // segment. A decode step's ops then cost one dispatch, not one per sequence.
+  torch::Tensor per_row(const torch::Tensor& x, const RowLayout& rows, bool rows_apart,
+                        const std::function<torch::Tensor(const torch::Tensor&)>& fn) const;
   torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
   torch::Tensor activation(const torch::Tensor& x) const;
   torch::Tensor attention_block(int layer, const torch::Tensor& h, const std::vector<torch::Tensor>& cos,
