@@ -396,11 +396,7 @@ TEST_CASE("sweep: batch_size is not part of a cell, and a folder resumes under a
     return path;
   };
   auto rows_of = [&](const std::string& out) {
-    std::vector<std::string> rows;
-    for (auto row : read_results_csv((fs::path(out) / "results.csv").string())) {
-      row.seconds.reset();
-      rows.push_back(format_row(row));
-    }
+    std::vector<std::string> rows = test::rows_without_timing(out);
     std::sort(rows.begin(), rows.end());
     return rows;
   };

@@ -14,7 +14,6 @@
 #include "harness/eval/joint_request.h"
 #include "harness/model/model.h"
 #include "harness/runtime/scorer.h"
-#include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/test_support.h"
@@ -375,23 +374,15 @@ TEST_CASE("sweep: context_reuse false gives the same rows, and is not part of a 
                         << reuse << "}";
     return path;
   };
-  auto rows_of = [&](const std::string& out) {
-    std::vector<std::string> rows;
-    for (auto row : read_results_csv((fs::path(out) / "results.csv").string())) {
-      row.seconds.reset();
-      rows.push_back(format_row(row));
-    }
-    return rows;
-  };
   const std::string on = (fs::path(dir) / "on").string(), off = (fs::path(dir) / "off").string();
   REQUIRE(test::run_kvevict("sweep " + write("on.json", "true") + " --out " + on).exit_code == 0);
   REQUIRE(test::run_kvevict("sweep " + write("off.json", "false") + " --out " + off).exit_code == 0);
-  const auto rows = rows_of(on);
+  const auto rows = test::rows_without_timing(on);
   CHECK(rows.size() == 1);
-  CHECK(rows == rows_of(off));
+  CHECK(rows == test::rows_without_timing(off));
   // The folder made with reuse resumes without it: the same sweep, every cell finished.
   CHECK(test::run_kvevict("sweep " + write("off.json", "false") + " --out " + on).exit_code == 0);
-  CHECK(rows_of(on) == rows);
+  CHECK(test::rows_without_timing(on) == rows);
   auto bad = test::run_kvevict("sweep " + write("bad.json", "\"no\"") + " --out " + (fs::path(dir) / "bad").string());
   CHECK(bad.exit_code != 0);
   CHECK_THAT(bad.err, Catch::Contains("context_reuse"));

@@ -27,11 +27,7 @@ const char* kSweep = R"({"tasks": ["copa", "perplexity"], "policies": ["full", "
                          "budgets": [0.5], "limit": 2, "max_length": 64})";
 
 std::vector<std::string> comparable_rows(const std::string& out) {
-  std::vector<std::string> rows;
-  for (auto row : read_results_csv(out + "/results.csv")) {
-    row.seconds.reset();
-    rows.push_back(format_row(row));
-  }
+  std::vector<std::string> rows = test::rows_without_timing(out);
   std::sort(rows.begin(), rows.end());
   return rows;
 }

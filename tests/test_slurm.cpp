@@ -37,15 +37,7 @@ std::string write_file(const fs::path& path, const std::string& text) {
   return path.string();
 }
 
-// Rows in file order without the run-specific seconds.
-std::vector<std::string> rows_without_timing(const std::string& dir) {
-  std::vector<std::string> out;
-  for (auto row : read_results_csv((fs::path(dir) / "results.csv").string())) {
-    row.seconds.reset();
-    out.push_back(format_row(row));
-  }
-  return out;
-}
+using test::rows_without_timing;
 
 std::string shell_output(const std::string& command) {
   std::string out;

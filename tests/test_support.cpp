@@ -69,6 +69,15 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
+std::vector<std::string> rows_without_timing(const std::string& dir) {
+  std::vector<std::string> rows;
+  for (auto row : read_results_csv(dir + "/results.csv")) {
+    row.seconds.reset();
+    rows.push_back(format_row(row));
+  }
+  return rows;
+}
+
 std::string write_older_results(const std::string& name, const std::vector<std::string>& missing, const ResultRow& row) {
   std::vector<std::string> older;
   for (const auto& column : result_columns())

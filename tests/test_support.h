@@ -29,6 +29,9 @@ std::string temp_dir(const std::string& name);
 // A results.csv in a fresh temporary folder `name` as an older kvevict wrote it: the
 // header without the columns in `missing`, then `row`. Returns its path.
 std::string write_older_results(const std::string& name, const std::vector<std::string>& missing, const ResultRow& row);
+// The rows of `dir`/results.csv in file order, formatted, without the run-specific
+// seconds: what two runs of one sweep must agree on.
+std::vector<std::string> rows_without_timing(const std::string& dir);
 
 struct CommandResult {
   int exit_code;

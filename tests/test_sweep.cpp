@@ -34,11 +34,7 @@ std::string csv_of(const std::string& dir) { return (fs::path(dir) / "results.cs
 
 // Rows without the run-specific seconds, for comparing two runs.
 std::vector<std::string> comparable_rows(const std::string& dir) {
-  std::vector<std::string> out;
-  for (auto row : read_results_csv(csv_of(dir))) {
-    row.seconds.reset();
-    out.push_back(format_row(row));
-  }
+  std::vector<std::string> out = test::rows_without_timing(dir);
   std::sort(out.begin(), out.end());
   return out;
 }
