@@ -273,27 +273,22 @@ torch::Tensor Model::dmc_attention(int layer, const torch::Tensor& q, const torc
 torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h, const RowLayout& rows) const {
   const Slots& w = layers_[layer];
   auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
+  const int64_t F = arch_.intermediate;
+  // silu(gate) * up: the activation by row (per_row), the product element-wise over the
+  // whole batch, which splits no differently per segment.
+  auto silu_rows = [&](const torch::Tensor& gate) {
+    return per_row(gate, rows, activation_rows_apart(F), [](const torch::Tensor& g) { return silu_in_chunks(g); });
+  };
   if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
     auto gate_up = project(h, W(Role::GateUpWeight), {}, rows);
-    const int64_t F = arch_.intermediate;
-    auto gated = per_row(gate_up, rows, activation_rows_apart(F), [&](const torch::Tensor& g) {
-      return silu_in_chunks(g.narrow(-1, 0, F)) * g.narrow(-1, F, F);
-    });
-    return project(gated, W(Role::DownWeight), {}, rows);
+    return project(silu_rows(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight), {}, rows);
   }
   if (arch_.mlp == MlpKind::SwiGLU) {
     auto up = project(h, W(Role::UpWeight), {}, rows);
-    auto gate = project(h, W(Role::GateWeight), {}, rows);
-    auto gated = rows.one_row_each && activation_rows_apart(arch_.intermediate) && gate.device().is_cpu()
-                     ? silu_in_chunks(gate) * up
-                     : per_segment(gate, rows, [&](const torch::Tensor& g, size_t i) {
-                         return silu_in_chunks(g) * (rows.first.size() == 1 ? up : up.narrow(0, rows.first[i], rows.count[i]));
-                       });
-    return project(gated, W(Role::DownWeight), {}, rows);
+    return project(silu_rows(project(h, W(Role::GateWeight), {}, rows)) * up, W(Role::DownWeight), {}, rows);
   }
   auto hidden = project(h, W(Role::Fc1Weight), W(Role::Fc1Bias), rows);
-  return project(per_row(hidden, rows, activation_rows_apart(arch_.intermediate),
-                         [&](const torch::Tensor& x) { return activation(x); }),
+  return project(per_row(hidden, rows, activation_rows_apart(F), [&](const torch::Tensor& x) { return activation(x); }),
                  W(Role::Fc2Weight), W(Role::Fc2Bias), rows);
 }
 
