@@ -343,6 +343,9 @@ std::vector<Case> cases() {
   c.push_back({"flags", "--budget nan (was no budget)", [=](const std::string&) { return gen + "--policy h2o --budget nan"; }, {"--budget", "nan"}});
   cli_case("--budget -1 (was no budget)", gen + "--policy full --budget -1", "--budget");
   cli_case("--budget 1.5", gen + "--policy h2o --budget 1.5", "--budget");
+  cli_case("eval --batch-size 0", "eval --task copa --limit 1 --batch-size 0", "--batch-size");
+  cli_case("serve --batch-size 0", "serve --port 0 --batch-size 0", "--batch-size");
+  cli_case("serve --workers 0 (0 is the default's stand-in, not a value)", "serve --port 0 --workers 0", "--workers");
   cli_case("--budget with --budget-tokens (was the tokens)", gen + "--policy h2o --budget 0.5 --budget-tokens 4", "--budget-tokens");
   cli_case("--budget-tokens 0", gen + "--policy h2o --budget-tokens 0", "--budget-tokens");
   cli_case("--kernel 0 (was no pooling)", gen + "--policy snapkv --budget 0.5 --kernel 0", "--kernel");
