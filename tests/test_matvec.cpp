@@ -100,6 +100,32 @@ TEST_CASE("matvec's B rows each have the bits of that row alone, at every batch 
     }
 }
 
+TEST_CASE("matvec's AVX-512 kernel gives the AVX2 kernel's bits", "[matvec][batch]") {
+  if (matvec_isa() != MatvecIsa::Avx512) {
+    KVEVICT_SKIP("this CPU (or ATEN_CPU_CAPABILITY) runs no AVX-512 kernel here");
+    return;
+  }
+  struct Restore {
+    ~Restore() { limit_matvec_isa(MatvecIsa::Avx512); }
+  } restore;
+  torch::manual_seed(13);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (int64_t in : {5, 8, 40, 77, 300, 768}) {
+      auto weight = torch::randn({1001, in}).to(dtype);
+      auto bias = torch::randn({1001}).to(dtype);
+      auto x = torch::randn({13, in}).to(dtype);
+      for (int64_t batch : {1, 3, 4, 5, 8, 13}) {
+        INFO("dtype " << dtype << " in " << in << " batch " << batch);
+        limit_matvec_isa(MatvecIsa::Avx512);
+        auto wide = matvec(weight, x.narrow(0, 0, batch), bias);
+        limit_matvec_isa(MatvecIsa::Avx2);
+        REQUIRE(matvec_isa() == MatvecIsa::Avx2);
+        auto narrow = matvec(weight, x.narrow(0, 0, batch), bias);
+        CHECK(test::same_bits(wide, narrow));
+      }
+    }
+}
+
 TEST_CASE("matvec refuses what it does not handle, by name", "[matvec]") {
   auto half = torch::randn({8, 4}).to(torch::kFloat16);
   CHECK_FALSE(matvec_supported(half, torch::randn({4}).to(torch::kFloat16)));

@@ -21,4 +21,15 @@ bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const
 // result depends neither on the thread count nor on the batch.
 torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias = {});
 
+// The vector instructions matvec() runs: AVX-512 where the CPU has it, else AVX2 with
+// FMA, else portable C++. AVX-512 and AVX2 give the same bits (the AVX-512 kernel keeps
+// the AVX2 kernel's accumulators, two to a register); the portable loop sums in another
+// order. ATEN_CPU_CAPABILITY=avx2 (or default) keeps AVX-512 off, as it does for ATen.
+enum class MatvecIsa { Portable, Avx2, Avx512 };
+MatvecIsa matvec_isa();
+
+// Tests: no wider than `widest` from now on (Avx512 lifts the limit), so one machine
+// checks that both kernels give the same bits.
+void limit_matvec_isa(MatvecIsa widest);
+
 }  // namespace kvevict
