@@ -10,6 +10,7 @@
 #include "harness/model/threads.h"
 #include "harness/runtime/causal_softmax.h"
 #include "harness/runtime/double_exp.h"
+#include "harness/runtime/single_query_attention.h"
 #include "harness/runtime/dmc_attention.h"
 
 namespace kvevict {
@@ -724,10 +725,20 @@ torch::Tensor CacheAttention::attend_full(LayerCache& cache, int layer, const to
   append_rows(cache.key_buffer, cache.size, k.permute({1, 0, 2}));  // [Hkv, t, d]
   append_rows(cache.value_buffer, value_size, v.permute({1, 0, 2}));
   const int64_t n = cache.size, n_prev = n - t, window = sliding_window_;
-  auto out = causal_attention_blocks(q, cache.key_buffer.narrow(1, 0, n), cache.value_buffer.narrow(1, 0, n), n_prev,
-                                     [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
-                                       return causal_softmax(logits, CausalRows{n_prev + r0, rows, window});
-                                     });
+  torch::Tensor out;
+  if (single_query_supported(q, cache.key_buffer, cache.value_buffer)) {
+    torch::Tensor probs;  // [Hq, n], kept alive until the values are summed
+    out = single_query_attention(q, cache.key_buffer, cache.value_buffer, n, [&](float* logits) {
+      probs = causal_softmax(torch::from_blob(logits, {q.size(1), 1, n}, torch::kFloat32),
+                             CausalRows{n_prev, 1, window}).contiguous();
+      return probs.data_ptr<float>();
+    });
+  } else {
+    out = causal_attention_blocks(q, cache.key_buffer.narrow(1, 0, n), cache.value_buffer.narrow(1, 0, n), n_prev,
+                                  [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
+                                    return causal_softmax(logits, CausalRows{n_prev + r0, rows, window});
+                                  });
+  }
   if (n > stats_.max_per_layer[layer]) {
     add_full_precision_peak(stats_, (n - stats_.max_per_layer[layer]) * 2 * n_kv * d * element_bytes(k));
     stats_.max_per_layer[layer] = static_cast<int>(n);
@@ -772,11 +783,19 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
     }
   }
   const auto norms = key_norms(k);  // [t, Hkv]
-  auto out = causal_attention_blocks(q, cache.key_buffer.narrow(1, 0, n), cache.value_buffer.narrow(1, 0, n), n_prev,
-                                     [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
-                                       return drive_block(driver, logits, start + r0, rows, cols,
-                                                          norms.data_ptr<float>() + r0 * n_kv);
-                                     });
+  torch::Tensor out;
+  if (single_query_supported(q, cache.key_buffer, cache.value_buffer)) {
+    out = single_query_attention(q, cache.key_buffer, cache.value_buffer, n, [&](float* logits) {
+      driver.rows(start, 1, n, logits, norms.data_ptr<float>());
+      return logits;
+    });
+  } else {
+    out = causal_attention_blocks(q, cache.key_buffer.narrow(1, 0, n), cache.value_buffer.narrow(1, 0, n), n_prev,
+                                  [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
+                                    return drive_block(driver, logits, start + r0, rows, cols,
+                                                       norms.data_ptr<float>() + r0 * n_kv);
+                                  });
+  }
   const std::vector<RowMove> moves = driver.take_moves();
   const int64_t capacity = cache.key_buffer.size(1);
   if (!moves.empty()) {
