@@ -424,20 +424,27 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
       const BatchStep step = batch_step(*model, *full, B);
       const double tokens_per_s = B / step.seconds;
       if (B == 1) one = tokens_per_s;
+      // The step's parts: the weight pass of B rows alone (WeightPass), and attention. A
+      // batch's sequences attend in parallel (Model::attention_block), so the sum of
+      // their attention times is spread over min(B, threads) threads of the step.
+      const double pass = weight_pass.seconds(repeat, B);
+      const double attention_wall = step.attention / std::min(B, threads);
       std::cout << "batch_decode " << dtype << " full B " << B << " tokens_per_s " << tokens_per_s << " ratio_to_B1 "
-                << (one > 0 ? tokens_per_s / one : 0) << " step_ms " << step.seconds * 1e3 << " attention_ms "
-                << step.attention * 1e3 << " rest_ms " << (step.seconds - step.attention) * 1e3 << " load_average "
-                << load_average() << std::endl;
+                << (one > 0 ? tokens_per_s / one : 0) << " step_ms " << step.seconds * 1e3 << " weight_pass_ms "
+                << pass * 1e3 << " attention_summed_ms " << step.attention * 1e3 << " attention_ms "
+                << attention_wall * 1e3 << " rest_ms " << (step.seconds - attention_wall - pass) * 1e3
+                << " load_average " << load_average() << std::endl;
     }
     // The profile of a batch of compare_batch steps under an evicting policy: its
     // attention share includes the policy's scores and evictions.
     const BatchStep evicting = batch_step(*model, *profiled, compare_batch);
     const BatchStep plain = batch_step(*model, *full, compare_batch);
+    const int spread = std::min(compare_batch, threads);
     std::cout << "batch_decode_profile " << dtype << " B " << compare_batch << " full step_ms " << plain.seconds * 1e3
-              << " attention " << percent(plain.attention / plain.seconds) << " | " << profile_policy << " budget "
-              << budget << " step_ms " << evicting.seconds * 1e3 << " attention_and_policy "
-              << percent(evicting.attention / evicting.seconds) << " policy_over_full_ms "
-              << (evicting.attention - plain.attention) * 1e3 << std::endl;
+              << " attention " << percent(plain.attention / spread / plain.seconds) << " | " << profile_policy
+              << " budget " << budget << " step_ms " << evicting.seconds * 1e3 << " attention_and_policy "
+              << percent(evicting.attention / spread / evicting.seconds) << " policy_over_full_ms "
+              << (evicting.attention - plain.attention) / spread * 1e3 << std::endl;
   }
 
   // Whole evaluations at batch 1 and compare_batch: seconds, documents/s, and whether

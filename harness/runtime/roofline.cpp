@@ -56,24 +56,25 @@ GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_
   return peak;
 }
 
-WeightPass::WeightPass(const ArchSpec& arch, torch::ScalarType dtype) {
+WeightPass::WeightPass(const ArchSpec& arch, torch::ScalarType dtype) : dtype_(dtype) {
   torch::NoGradGuard no_grad;
   for (const auto& [shape, count] : linear_shapes(arch))
     for (int c = 0; c < count; ++c) weights_.push_back((torch::randn({shape.first, shape.second}) * 0.02).to(dtype));
-  for (const auto& w : weights_)
-    if (!inputs_.count(w.size(1))) inputs_[w.size(1)] = torch::randn({w.size(1)}).to(dtype);
   seconds(1);  // warm-up: first-touch pages
 }
 
-double WeightPass::seconds(int repeat) const {
+double WeightPass::seconds(int repeat, int64_t batch) const {
   torch::NoGradGuard no_grad;
+  std::map<int64_t, torch::Tensor> inputs;  // by width: [batch, width]
+  for (const auto& w : weights_)
+    if (!inputs.count(w.size(1))) inputs[w.size(1)] = torch::randn({batch, w.size(1)}).to(dtype_);
   return best_seconds(repeat, [&] {
     for (const auto& w : weights_) {
-      const auto& x = inputs_.at(w.size(1));
+      const auto& x = inputs.at(w.size(1));
       if (matvec_supported(w, x))
         matvec(w, x);
       else
-        torch::mv(w, x);
+        torch::mm(x, w.t());
     }
   });
 }

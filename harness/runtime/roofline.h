@@ -37,18 +37,19 @@ struct GemmPeak {
 // values, `dtype`), best of `repeat`.
 GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_t rows, int repeat);
 
-// One batch-1 pass over every weight matrix of `arch` (random values in `dtype`, the
-// model's own shapes, each its own buffer; the LM head included), through the kernel a
-// decode step uses for them: a decode step's weight stream alone, without the per-op
-// work around it. The weights are made once; seconds() times the pass, best of `repeat`.
+// One pass over every weight matrix of `arch` (random values in `dtype`, the model's own
+// shapes, each its own buffer; the LM head included), through the kernel a decode step
+// uses for them, for `batch` rows at once: a decode step's weight stream and its
+// products alone, without the per-op work around it. The weights are made once;
+// seconds(repeat, batch) times the pass, best of `repeat`.
 class WeightPass {
  public:
   WeightPass(const ArchSpec& arch, torch::ScalarType dtype);
-  double seconds(int repeat) const;
+  double seconds(int repeat, int64_t batch = 1) const;
 
  private:
   std::vector<torch::Tensor> weights_;
-  std::map<int64_t, torch::Tensor> inputs_;  // by width
+  torch::ScalarType dtype_;
 };
 
 struct ReadBandwidth {
