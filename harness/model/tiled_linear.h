@@ -11,7 +11,7 @@
 namespace kvevict {
 
 // Weight rows (outputs) per tile: one library call each.
-constexpr int64_t kLinearTileOutputs = 256;
+constexpr int64_t kLinearTileOutputs = 128;
 
 // x [t, in] times weight [out, in]^T (+ bias [out]) -> [t, out], as torch::linear, but on
 // the CPU in tiles of kLinearTileOutputs weight rows, the tiles spread over the threads.
