@@ -228,7 +228,13 @@ TEST_CASE("sim mode: batched scores equal batch 1, sim-only policies included", 
 
 TEST_CASE("continuous batching: a sequence that stops first leaves, the next joins, generations are identical",
           "[batch]") {
-  const Model& model = test::stories();
+  // One request thread, so one continuous batch and an order to check (stories260K runs a
+  // batch on each of its request threads otherwise: the next test).
+  ModelOptions one_worker;
+  one_worker.threads = 1;
+  const auto loaded = Model::load(test::data("models/stories260K-hf"), one_worker);
+  const Model& model = *loaded;
+  REQUIRE(model.request_workers() == 1);
   std::vector<std::vector<int>> prompts;
   std::vector<GenerateOptions> options;
   const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily and Tom went to the park",
@@ -269,6 +275,51 @@ TEST_CASE("continuous batching: a sequence that stops first leaves, the next joi
         for (size_t k = 0; k < alone[i].chosen.size(); ++k)
           CHECK(together[i].chosen[k].logprob == alone[i].chosen[k].logprob);
         CHECK(together[i].kv.kept_per_head == alone[i].kv.kept_per_head);
+      }
+    }
+  }
+}
+
+TEST_CASE("a one-thread-op model runs a batch on each request thread, every number as alone", "[batch]") {
+  ModelOptions two_workers;
+  two_workers.threads = 2;
+  const auto loaded = Model::load(test::data("models/stories260K-hf"), two_workers);
+  const Model& model = *loaded;
+  REQUIRE(model.request_workers() == 2);
+  const std::vector<std::string> texts = {"Once upon a time", "The little dog", "Lily and Tom went to the park",
+                                          "One day", "A big red ball", "The sun was", "Tom had a cat"};
+  std::vector<std::vector<int>> prompts;
+  std::vector<GenerateOptions> options;
+  std::vector<ScoreRequest> requests;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    prompts.push_back(model.encode(texts[i], true));
+    GenerateOptions o;
+    o.max_new_tokens = 4 + 3 * static_cast<int>(i);
+    if (i == 2) o.temperature = 0.8, o.seed = 7;
+    options.push_back(o);
+    requests.push_back({model.encode(texts[i] + " and they were happy.", true), 0, 0, -1, 0, 0});
+  }
+  for (const std::string name : {"full", "h2o"}) {
+    auto policy = policy_at(name, 0.5);
+    for (int batch : {1, 2, 3}) {  // two, and then one, continuous batches on the two threads
+      INFO("policy " << name << " batch " << batch);
+      std::vector<int> generated_order, scored_order;
+      auto together = generate_batch(model, *policy, prompts, options, batch, [&](int i) { generated_order.push_back(i); });
+      auto scores = score_batch(model, *policy, Mode::Decode, requests, batch, [&](int i) { scored_order.push_back(i); });
+      std::sort(generated_order.begin(), generated_order.end());
+      std::sort(scored_order.begin(), scored_order.end());
+      std::vector<int> every(texts.size());
+      for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<int>(i);
+      CHECK(generated_order == every);  // finished once for each, one call at a time
+      CHECK(scored_order == every);
+      for (size_t i = 0; i < texts.size(); ++i) {
+        const Generation alone = generate(model, *policy, prompts[i], options[i]);
+        CHECK(together[i].tokens == alone.tokens);
+        REQUIRE(together[i].chosen.size() == alone.chosen.size());
+        for (size_t k = 0; k < alone.chosen.size(); ++k) CHECK(together[i].chosen[k].logprob == alone.chosen[k].logprob);
+        const SequenceScore single = score_sequence(model, *policy, Mode::Decode, requests[i].tokens);
+        CHECK(scores[i].next_token_logprob == single.next_token_logprob);
+        CHECK(scores[i].kv.kept_per_head == single.kv.kept_per_head);
       }
     }
   }

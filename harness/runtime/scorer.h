@@ -69,7 +69,10 @@ void run_continuous(const Model& model, int batch_size, const std::function<Join
 // Runs make(i) for i in [0, count) with up to batch_size streams in each forward_batch():
 // a stream that is done leaves the batch and the next waiting one joins (continuous
 // batching), its first block running in the same forward as the others' steps.
-// finished(i, stream) is called as stream i ends, in the order they end.
+// finished(i, stream) is called as stream i ends, in the order they end, one call at a
+// time. A model whose ops run on one thread runs a continuous batch on each of its
+// request threads (Model::request_workers), so make and finished may be called from
+// several threads, never at once.
 void run_batched(const Model& model, int count, int batch_size,
                  const std::function<std::unique_ptr<BatchStream>(int)>& make,
                  const std::function<void(int, BatchStream&)>& finished);
