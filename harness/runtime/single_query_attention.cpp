@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "harness/model/bfloat16_bits.h"
 
 namespace kvevict {
@@ -15,18 +19,77 @@ namespace {
 // thread hand-off costs more); a batched step's sequences are already spread over the threads.
 constexpr int64_t kHeadsApartMin = int64_t{1} << 16;
 
-// Eight partial sums, element i into sum i % 8, combined in a fixed tree: the compiler
-// may vectorise the loop but not reorder it.
-template <typename T>
-float dot(const float* q, const T* k, int64_t d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= d; i += 8)
-    for (int lane = 0; lane < 8; ++lane) acc[lane] += q[i + lane] * widen(k[i + lane]);
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < d; ++i) sum += q[i] * widen(k[i]);
-  return sum;
+// Each logit and each weighted value is a chain of fused multiply-adds in a fixed order:
+// the logit's eight partial sums take elements i, i+8, ... in turn and combine in a fixed
+// tree; a value element sums over the keys in key order. An FMA rounds once, so the AVX2
+// build of these loops and the portable one (std::fma) give the same bits.
+#define KVEVICT_SINGLE_QUERY_LOOPS(PREFIX, ATTRIBUTES)                                          \
+  /* logits[j] = (q . keys[j]) * scale for j < n; keys [n, d] */                               \
+  template <typename T>                                                                        \
+  ATTRIBUTES void PREFIX##head_logits(const float* q, const T* keys, int64_t n, int64_t d, float scale, \
+                                      float* logits) {                                         \
+    for (int64_t j = 0; j < n; ++j) {                                                          \
+      const T* k = keys + j * d;                                                               \
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                 \
+      int64_t i = 0;                                                                           \
+      for (; i + 8 <= d; i += 8)                                                               \
+        for (int lane = 0; lane < 8; ++lane) acc[lane] = std::fma(q[i + lane], widen(k[i + lane]), acc[lane]); \
+      float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])); \
+      for (; i < d; ++i) sum = std::fma(q[i], widen(k[i]), sum);                               \
+      logits[j] = sum * scale;                                                                 \
+    }                                                                                          \
+  }                                                                                            \
+  /* sum[c] = sum over j < n of probs[j] * values[j][c]; values [n, d] */                      \
+  template <typename T>                                                                        \
+  ATTRIBUTES void PREFIX##head_values(const float* probs, const T* values, int64_t n, int64_t d, float* sum) { \
+    for (int64_t c = 0; c < d; ++c) sum[c] = 0.0f;                                             \
+    for (int64_t j = 0; j < n; ++j)                                                            \
+      for (int64_t c = 0; c < d; ++c) sum[c] = std::fma(probs[j], widen(values[j * d + c]), sum[c]); \
+  }
+
+KVEVICT_SINGLE_QUERY_LOOPS(portable_, )
+#if defined(__x86_64__) && defined(__GNUC__)
+KVEVICT_SINGLE_QUERY_LOOPS(avx2_loop_, __attribute__((target("avx2,fma"))))
+
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
+
+// portable_head_logits with the eight partial sums as the lanes of one register (the
+// compiler left them scalar): the same FMAs in the same order, so the same bits.
+template <typename T>
+__attribute__((target("avx2,fma"))) void avx2_head_logits(const float* q, const T* keys, int64_t n, int64_t d,
+                                                          float scale, float* logits) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* k = keys + j * d;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), acc);
+    float a[8];
+    _mm256_storeu_ps(a, acc);
+    float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (; i < d; ++i) sum = std::fma(q[i], widen(k[i]), sum);
+    logits[j] = sum * scale;
+  }
+}
+template <typename T>
+__attribute__((target("avx2,fma"))) void avx2_head_values(const float* probs, const T* values, int64_t n, int64_t d,
+                                                          float* sum) {
+  avx2_loop_head_values(probs, values, n, d, sum);
+}
+
+bool use_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#else
+bool use_avx2() { return false; }
+#define avx2_head_logits portable_head_logits
+#define avx2_head_values portable_head_values
+#endif
+#undef KVEVICT_SINGLE_QUERY_LOOPS
 
 // T: the cache's element (float or bfloat16 bits); Out likewise for the output.
 template <typename T, typename Out>
@@ -41,7 +104,10 @@ void attend(const T* q_in, const T* keys, const T* values, int64_t hq, int64_t h
   at::parallel_for(0, hq, grain, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) {
       const T* head_keys = keys + (h / group) * capacity * d;
-      for (int64_t j = 0; j < n; ++j) logits[h * n + j] = dot(q.data() + h * d, head_keys + j * d, d) * scale;
+      if (use_avx2())
+        avx2_head_logits(q.data() + h * d, head_keys, n, d, scale, logits.data() + h * n);
+      else
+        portable_head_logits(q.data() + h * d, head_keys, n, d, scale, logits.data() + h * n);
     }
   });
   const float* probs = probabilities(logits.data());  // [Hq, n]
@@ -49,12 +115,10 @@ void attend(const T* q_in, const T* keys, const T* values, int64_t hq, int64_t h
     std::vector<float> sum(static_cast<size_t>(d));  // [d]: element c sums over the keys in order
     for (int64_t h = begin; h < end; ++h) {
       const T* head_values = values + (h / group) * capacity * d;
-      std::fill(sum.begin(), sum.end(), 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = probs[h * n + j];
-        const T* row = head_values + j * d;
-        for (int64_t c = 0; c < d; ++c) sum[c] += p * widen(row[c]);
-      }
+      if (use_avx2())
+        avx2_head_values(probs + h * n, head_values, n, d, sum.data());
+      else
+        portable_head_values(probs + h * n, head_values, n, d, sum.data());
       for (int64_t c = 0; c < d; ++c) {
         if constexpr (std::is_same_v<Out, float>)
           out[h * d + c] = sum[c];
