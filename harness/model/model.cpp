@@ -256,11 +256,10 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const st
   };
   torch::Tensor out;  // [t, Hq*d]
   if (rows.one_row_each && q.device().is_cpu()) {
-    // A decode step: each sequence's attention (a few small products and its policy) on
-    // one thread, the sequences spread over the threads. Run one after another, each
-    // split its tiny ops over the threads and the others waited. A sequence's numbers
-    // do not depend on the thread count (its products run one head per thread or on
-    // one thread, tests/test_threads.cpp), so none moves.
+    // A decode step: each sequence's attention (its single-query products and its
+    // policy) on one thread, the sequences spread over the threads. One after another,
+    // each split its tiny ops over the threads while the others waited. A sequence's
+    // numbers do not depend on the thread count (the [threads] tests), so none moves.
     std::vector<torch::Tensor> parts(segments.size());  // [segments]: each [1, Hq*d]
     at::parallel_for(0, static_cast<int64_t>(segments.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) parts[i] = attend_segment(q.narrow(0, i, 1), static_cast<size_t>(i));
