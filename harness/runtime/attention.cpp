@@ -134,6 +134,24 @@ torch::Tensor causal_attention_blocks(const torch::Tensor& q, const torch::Tenso
   return out.to(q.scalar_type());
 }
 
+// Attention of q [t, Hq, d] over rows 0 .. n-1 of a decode cache's buffers [Hkv,
+// capacity, d], the last t of them the queries' own: a decode step's one query through
+// single_query_attention (plain loops instead of ATen's small ops), a block through
+// causal_attention_blocks. probabilities as there; a single query's logits come as one
+// block of one row, [Hkv, g, n] float32 on the CPU.
+template <typename ProbsFn>
+torch::Tensor cache_rows_attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                   int64_t n, ProbsFn&& probabilities) {
+  if (!single_query_supported(q, keys, values))
+    return causal_attention_blocks(q, keys.narrow(1, 0, n), values.narrow(1, 0, n), n - q.size(0), probabilities);
+  torch::Tensor probs;  // kept alive until the values are summed
+  return single_query_attention(q, keys, values, n, [&](float* logits) {
+    const int64_t n_kv = keys.size(0), group = q.size(1) / n_kv;
+    probs = probabilities(torch::from_blob(logits, {n_kv, group, n}, torch::kFloat32), 0, 1, n).contiguous();
+    return probs.data_ptr<float>();
+  });
+}
+
 // Appends `rows` [Hkv, t, d] to a cache buffer with spare capacity (doubling), so a
 // decode step copies only the new token, not the whole cache.
 void append_rows(torch::Tensor& buffer, int64_t& size, const torch::Tensor& rows) {
@@ -725,20 +743,10 @@ torch::Tensor CacheAttention::attend_full(LayerCache& cache, int layer, const to
   append_rows(cache.key_buffer, cache.size, k.permute({1, 0, 2}));  // [Hkv, t, d]
   append_rows(cache.value_buffer, value_size, v.permute({1, 0, 2}));
   const int64_t n = cache.size, n_prev = n - t, window = sliding_window_;
-  torch::Tensor out;
-  if (single_query_supported(q, cache.key_buffer, cache.value_buffer)) {
-    torch::Tensor probs;  // [Hq, n], kept alive until the values are summed
-    out = single_query_attention(q, cache.key_buffer, cache.value_buffer, n, [&](float* logits) {
-      probs = causal_softmax(torch::from_blob(logits, {q.size(1), 1, n}, torch::kFloat32),
-                             CausalRows{n_prev, 1, window}).contiguous();
-      return probs.data_ptr<float>();
-    });
-  } else {
-    out = causal_attention_blocks(q, cache.key_buffer.narrow(1, 0, n), cache.value_buffer.narrow(1, 0, n), n_prev,
+  auto out = cache_rows_attention(q, cache.key_buffer, cache.value_buffer, n,
                                   [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
                                     return causal_softmax(logits, CausalRows{n_prev + r0, rows, window});
                                   });
-  }
   if (n > stats_.max_per_layer[layer]) {
     add_full_precision_peak(stats_, (n - stats_.max_per_layer[layer]) * 2 * n_kv * d * element_bytes(k));
     stats_.max_per_layer[layer] = static_cast<int>(n);
@@ -783,19 +791,11 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
     }
   }
   const auto norms = key_norms(k);  // [t, Hkv]
-  torch::Tensor out;
-  if (single_query_supported(q, cache.key_buffer, cache.value_buffer)) {
-    out = single_query_attention(q, cache.key_buffer, cache.value_buffer, n, [&](float* logits) {
-      driver.rows(start, 1, n, logits, norms.data_ptr<float>());
-      return logits;
-    });
-  } else {
-    out = causal_attention_blocks(q, cache.key_buffer.narrow(1, 0, n), cache.value_buffer.narrow(1, 0, n), n_prev,
+  auto out = cache_rows_attention(q, cache.key_buffer, cache.value_buffer, n,
                                   [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
                                     return drive_block(driver, logits, start + r0, rows, cols,
                                                        norms.data_ptr<float>() + r0 * n_kv);
                                   });
-  }
   const std::vector<RowMove> moves = driver.take_moves();
   const int64_t capacity = cache.key_buffer.size(1);
   if (!moves.empty()) {
