@@ -23,33 +23,35 @@ constexpr int64_t kHeadsApartMin = int64_t{1} << 16;
 // the logit's eight partial sums take elements i, i+8, ... in turn and combine in a fixed
 // tree; a value element sums over the keys in key order. An FMA rounds once, so the AVX2
 // build of these loops and the portable one (std::fma) give the same bits.
-#define KVEVICT_SINGLE_QUERY_LOOPS(PREFIX, ATTRIBUTES)                                          \
-  /* logits[j] = (q . keys[j]) * scale for j < n; keys [n, d] */                               \
-  template <typename T>                                                                        \
-  ATTRIBUTES void PREFIX##head_logits(const float* q, const T* keys, int64_t n, int64_t d, float scale, \
-                                      float* logits) {                                         \
-    for (int64_t j = 0; j < n; ++j) {                                                          \
-      const T* k = keys + j * d;                                                               \
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                 \
-      int64_t i = 0;                                                                           \
-      for (; i + 8 <= d; i += 8)                                                               \
-        for (int lane = 0; lane < 8; ++lane) acc[lane] = std::fma(q[i + lane], widen(k[i + lane]), acc[lane]); \
-      float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])); \
-      for (; i < d; ++i) sum = std::fma(q[i], widen(k[i]), sum);                               \
-      logits[j] = sum * scale;                                                                 \
-    }                                                                                          \
-  }                                                                                            \
-  /* sum[c] = sum over j < n of probs[j] * values[j][c]; values [n, d] */                      \
-  template <typename T>                                                                        \
-  ATTRIBUTES void PREFIX##head_values(const float* probs, const T* values, int64_t n, int64_t d, float* sum) { \
-    for (int64_t c = 0; c < d; ++c) sum[c] = 0.0f;                                             \
-    for (int64_t j = 0; j < n; ++j)                                                            \
+
+// logits[j] = (q . keys[j]) * scale for j < n; keys [n, d].
+template <typename T>
+void portable_head_logits(const float* q, const T* keys, int64_t n, int64_t d, float scale, float* logits) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* k = keys + j * d;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+      for (int lane = 0; lane < 8; ++lane) acc[lane] = std::fma(q[i + lane], widen(k[i + lane]), acc[lane]);
+    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < d; ++i) sum = std::fma(q[i], widen(k[i]), sum);
+    logits[j] = sum * scale;
+  }
+}
+
+// sum[c] = the sum over j < n of probs[j] * values[j][c]; values [n, d]. The compiler
+// vectorises it over c as it is, so the AVX2 build is the same loop.
+#define KVEVICT_HEAD_VALUES(NAME, ATTRIBUTES)                                                          \
+  template <typename T>                                                                               \
+  ATTRIBUTES void NAME(const float* probs, const T* values, int64_t n, int64_t d, float* sum) {       \
+    for (int64_t c = 0; c < d; ++c) sum[c] = 0.0f;                                                    \
+    for (int64_t j = 0; j < n; ++j)                                                                   \
       for (int64_t c = 0; c < d; ++c) sum[c] = std::fma(probs[j], widen(values[j * d + c]), sum[c]); \
   }
+KVEVICT_HEAD_VALUES(portable_head_values, )
 
-KVEVICT_SINGLE_QUERY_LOOPS(portable_, )
 #if defined(__x86_64__) && defined(__GNUC__)
-KVEVICT_SINGLE_QUERY_LOOPS(avx2_loop_, __attribute__((target("avx2,fma"))))
+KVEVICT_HEAD_VALUES(avx2_head_values, __attribute__((target("avx2,fma"))))
 
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
@@ -74,11 +76,6 @@ __attribute__((target("avx2,fma"))) void avx2_head_logits(const float* q, const 
     logits[j] = sum * scale;
   }
 }
-template <typename T>
-__attribute__((target("avx2,fma"))) void avx2_head_values(const float* probs, const T* values, int64_t n, int64_t d,
-                                                          float* sum) {
-  avx2_loop_head_values(probs, values, n, d, sum);
-}
 
 bool use_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -89,7 +86,7 @@ bool use_avx2() { return false; }
 #define avx2_head_logits portable_head_logits
 #define avx2_head_values portable_head_values
 #endif
-#undef KVEVICT_SINGLE_QUERY_LOOPS
+#undef KVEVICT_HEAD_VALUES
 
 // T: the cache's element (float or bfloat16 bits); Out likewise for the output.
 template <typename T, typename Out>
