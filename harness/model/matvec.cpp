@@ -31,6 +31,12 @@ float dot_portable(const W* w, const float* x, int64_t n) {
   return sum;
 }
 
+// Weight rows per block of the block kernels, and x rows per block. AVX2: 12
+// accumulators, the three weight vectors and one x vector fit its 16 registers (measured
+// on one thread against dot_rows_avx2 alone at batch 8: 1.2-1.4x on 768- and 2048-wide
+// weights); AVX-512: 24 accumulators, three weight vectors and one x vector of its 32.
+constexpr int kBlockWeightRows = 3, kBlockXRows = 4;
+
 #ifdef KVEVICT_MATVEC_AVX2
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
@@ -213,11 +219,12 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
     }
 }
 
-// R weight rows against all `batch` rows of x, four at a time.
+// R weight rows against all `batch` rows of x, kBlockXRows at a time.
 template <int R, typename W>
 void weight_rows_avx512(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
+  static_assert(kBlockXRows == 4, "the remainder's cases below");
   int64_t b = 0;
-  for (; b + 4 <= batch; b += 4) dot_block_avx512<R, 4>(w, x + b, n, sums + b, batch);
+  for (; b + kBlockXRows <= batch; b += kBlockXRows) dot_block_avx512<R, kBlockXRows>(w, x + b, n, sums + b, batch);
   switch (batch - b) {
     case 3: dot_block_avx512<R, 3>(w, x + b, n, sums + b, batch); break;
     case 2: dot_block_avx512<R, 2>(w, x + b, n, sums + b, batch); break;
@@ -278,10 +285,6 @@ void dot_rows(const W* w, const float* const* x, int64_t batch, int64_t n, float
 
 // W: float or uint16_t (bfloat16 bits); Out: float or c10::BFloat16. x holds `batch` rows
 // of `in` floats; y is [batch, out]. Each weight row is read once for all rows of x.
-// Weight rows per block of dot_block_avx2, and x rows per block: 12 accumulators, the
-// three weight vectors and one x vector fit AVX2's 16 registers. Measured on one thread
-// against dot_rows_avx2 alone at batch 8: 1.2-1.4x on 768- and 2048-wide weights.
-constexpr int kBlockWeightRows = 3, kBlockXRows = 4;
 
 // The sums of weight rows r .. r+count-1 against x's rows, each with dot()'s bits:
 // sums[k * batch + b] for weight row r+k and x row b.
@@ -289,11 +292,11 @@ template <typename W>
 void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x, int64_t batch, int64_t n,
                      float* sums) {
 #ifdef KVEVICT_MATVEC_AVX2
+  const W* block[kBlockWeightRows];  // weight rows r .. r+count-1, count <= kBlockWeightRows
+  for (int k = 0; k < count; ++k) block[k] = w + (r + k) * n;
   // Fewer than 4 rows of x stay with dot_avx2 and dot_rows_avx2, which read the weights
   // at the bandwidth; the AVX-512 blocks, with their prefetch, were slower there.
   if (use_avx512() && batch >= kBlockXRows) {
-    const W* block[kBlockWeightRows];
-    for (int k = 0; k < count; ++k) block[k] = w + (r + k) * n;
     switch (count) {
       case 3: weight_rows_avx512<3>(block, x, batch, n, sums); return;
       case 2: weight_rows_avx512<2>(block, x, batch, n, sums); return;
@@ -302,8 +305,6 @@ void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x
     }
   }
   if (cpu_has_avx2_fma() && count == kBlockWeightRows && batch >= kBlockXRows) {
-    const W* block[kBlockWeightRows];
-    for (int k = 0; k < kBlockWeightRows; ++k) block[k] = w + (r + k) * n;
     int64_t b = 0;
     for (; b + kBlockXRows <= batch; b += kBlockXRows)
       dot_block_avx2<kBlockWeightRows, kBlockXRows>(block, x + b, n, sums + b, batch);
