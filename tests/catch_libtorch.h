@@ -6,4 +6,4 @@
 #include <c10/util/Logging.h>
 #undef CHECK
 #undef CHECK_EQ
-#include <catch2/catch.hpp>
+#include "tests/catch.h"

@@ -3,7 +3,7 @@
 // file, key, flag or tensor at fault, and the files it was given left exactly as they
 // were. Cases are grouped by the input they break.
 #include <algorithm>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

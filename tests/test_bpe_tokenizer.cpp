@@ -1,6 +1,6 @@
 // Byte-level BPE against Hugging Face tokenizers' own output (golden/bpe_*.jsonl, see
 // golden/README.md "BPE goldens"), plus the loaders' errors for bad files.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <filesystem>
 #include <fstream>
 #include <functional>

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "tests/compare.h"
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 using kvevict::test::max_diff;
 

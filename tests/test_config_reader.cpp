@@ -1,6 +1,6 @@
 // ConfigObject, the one reader of config objects: declared keys only, values checked
 // with errors that name the file and the key as written.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <nlohmann/json.hpp>
 
 #include "harness/common/config_reader.h"

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <filesystem>
 #include <fstream>
 #include <string>

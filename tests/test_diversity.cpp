@@ -5,7 +5,7 @@
 
 #include "tasks/metrics.h"
 #include "tests/test_support.h"
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 using namespace kvevict;
 

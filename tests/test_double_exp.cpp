@@ -8,7 +8,7 @@
 
 #include "harness/runtime/double_exp.h"
 #include "tests/test_support.h"
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 using namespace kvevict;
 

@@ -1,6 +1,6 @@
 // A limit that selects no documents is an error, not an accuracy of 0 over n = 0.
 #include <algorithm>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include "tests/test_support.h"
 

@@ -3,7 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <cctype>
 #include <chrono>
 #include <cstdlib>

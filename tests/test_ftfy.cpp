@@ -2,7 +2,7 @@
 // every changed string of the multiple-choice task files, a sample of unchanged ones and
 // synthetic cases (mojibake, HTML entities with and without tags, CR/LF, control
 // characters, width and compatibility forms).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>

@@ -2,7 +2,7 @@
 // own thread through a whole block of queries: for such a policy, one head at a time
 // through the whole sequence must leave exactly the slots and make exactly the evictions
 // that all heads together, query by query, do.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstdint>

@@ -4,7 +4,7 @@
 // were inverted, whose recent window were dropped or whose ties went the other way
 // keeps other tokens than these. LayerStates are driven as the policy driver drives
 // them (tests/policy_drive.h); sim-only policies get logits.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cmath>

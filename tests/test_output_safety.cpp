@@ -1,7 +1,7 @@
 // Results files that cannot lose or double a row: the output-folder lock (two writers,
 // --wait), duplicate grid cells, and a mid-file corruption that resume must not "repair".
 #include <algorithm>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <chrono>
 #include <filesystem>
 #include <fstream>

@@ -4,7 +4,7 @@
 #include "harness/sweep/sweep.h"
 #include "policies/registry.h"
 #include "tests/test_support.h"
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 using namespace kvevict;
 

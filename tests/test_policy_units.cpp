@@ -1,7 +1,7 @@
 // Model-free unit tests for every registered policy (as kvpress tests its presses):
 // a policy's LayerStates are driven with synthetic attention and key norms, and their
 // slots are checked step by step. Sim-only policies get synthetic logits.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cmath>

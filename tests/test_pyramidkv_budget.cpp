@@ -1,6 +1,6 @@
 // PyramidKV's per-layer budgets: linear from the bottom layer to the top, and their mean
 // is the requested budget (model-free: only the policy's budget arithmetic).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include "policies/registry.h"
 

@@ -1,6 +1,6 @@
 // ROUGE scorer and NLTK Porter stemmer against the goldens in ../shared/data/golden
 // (NLTK 3.8 PorterStemmer output and rouge_score F-measures), plus small hand cases.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cmath>

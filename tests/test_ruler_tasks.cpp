@@ -5,7 +5,7 @@
 // metric functions; the expected scores below are what RULER's postprocess_pred,
 // string_match_all and string_match_part (scripts/eval/) return for the same inputs
 // under Python 3.11.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cmath>

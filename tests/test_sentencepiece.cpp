@@ -3,7 +3,7 @@
 // worked out by hand, and errors for bad or unsupported model files. The comparison
 // with the real libsentencepiece lives in tests/crosscheck/ because that library cannot
 // be loaded next to LibTorch.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <cstdint>
 #include <cstring>
 #include <fstream>

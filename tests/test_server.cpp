@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <chrono>
 #include <filesystem>
 #include <fstream>

@@ -1,7 +1,7 @@
 // The fast paths of the policies agree with the general ones: the scored policies'
 // single eviction with their top-k selection, h2o-paper's drop-one with its sort-based
 // rule (on one thread and on several), the windowed scores with the plain channel sum.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <algorithm>
 #include <cmath>

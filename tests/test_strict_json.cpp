@@ -1,7 +1,7 @@
 // parse_json (harness/common/files.h), the one JSON reader every file goes through: a key
 // given twice in one object is an error naming the object, and errors are one line
 // naming the source, never the JSON library's own text.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <string>
 
 #include "harness/common/errors.h"

@@ -7,7 +7,7 @@
 #include "harness/sweep/sweep.h"
 #include "notebooks-export/results_csv.h"
 #include "tests/test_support.h"
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 using namespace kvevict;
 namespace fs = std::filesystem;

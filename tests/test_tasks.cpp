@@ -7,7 +7,7 @@
 // Python 3.11's random module, mirroring lm-eval 0.3's evaluator:
 //   rnd = random.Random(42); rnd.shuffle(docs); then per document rnd.sample(train, k)
 //   (or rnd.sample(eval_docs, k + 1) minus the document itself when there is no train split).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <cmath>
 #include <filesystem>
 #include <fstream>

@@ -1,18 +1,13 @@
-// Before any ATen header: DispatchStubImpl::choose_cpu_impl's parameters follow these,
-// and the installed LibTorch is built with both (a mismatch is a link error, never a
-// wrong answer).
-#define HAVE_AVX512_CPU_DEFINITION
-#define HAVE_AVX2_CPU_DEFINITION
-#include <ATen/native/DispatchStub.h>
-
 #include "harness/runtime/causal_softmax.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(KVEVICT_HAVE_SLEEF)
 #include <immintrin.h>
@@ -158,11 +153,15 @@ AVX2_FN void causal_row(float* row, int64_t n, const RowSpan& span) {
 }  // namespace
 
 bool aten_uses_avx2_kernels() {
-  // ATen's own choice (CPU features, ATEN_CPU_CAPABILITY), asked with three markers.
+  // ATen's own choice (CPU features, ATEN_CPU_CAPABILITY), as its public build summary
+  // states it in every LibTorch since 1.8 ("CPU capability usage: AVX2").
   static const bool avx2 = [] {
-    int default_kernel = 0, avx512_kernel = 0, avx2_kernel = 0;
-    at::native::DispatchStubImpl dispatcher;
-    return dispatcher.choose_cpu_impl(&default_kernel, &avx512_kernel, &avx2_kernel) == &avx2_kernel;
+    const std::string config = at::show_config();
+    const std::string key = "CPU capability usage: ";
+    const size_t at = config.find(key);
+    if (at == std::string::npos) return false;
+    const size_t end = config.find_first_of("\r\n", at);
+    return config.substr(at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size()) == "AVX2";
   }();
   return avx2;
 }

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
