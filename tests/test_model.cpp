@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::unique_ptr<Policy> full_policy() { return make_policy("full", PolicyOptions{}); }
+std::unique_ptr<Policy> full_cache_policy() { return make_policy("full", PolicyOptions{}); }
 
 // A tensor's values as doubles, for max_diff.
 std::vector<double> values(const torch::Tensor& t) {
@@ -46,7 +46,7 @@ void check_golden_model(const std::string& model_dir, const std::string& golden_
   auto golden = test::read_json(test::data(golden_file));
   auto model = Model::load(test::data(model_dir));
   auto tokens = golden["tokens"].get<std::vector<int>>();
-  auto policy = full_policy();
+  auto policy = full_cache_policy();
   auto expected = golden["full"]["next_token_logprob"].get<std::vector<double>>();
   // By recompute (one teacher-forced pass) and with the real cache, token by token.
   for (Mode mode : {Mode::Sim, Mode::Decode}) {
@@ -97,7 +97,7 @@ TEST_CASE("stories260K full attention matches the float64 reference", "[model][g
   auto model = Model::load(test::data("models/stories260K-hf"));
   auto tokens = golden["tokens"].get<std::vector<int>>();
   REQUIRE(tokens.size() == 200);
-  auto policy = full_policy();
+  auto policy = full_cache_policy();
   for (Mode mode : {Mode::Sim, Mode::Decode}) {
     auto score = score_sequence(*model, *policy, mode, tokens);
     auto expected = golden["full"]["next_token_logprob"].get<std::vector<double>>();
@@ -194,7 +194,7 @@ TEST_CASE("bfloat16 and float16 compute match the float64 golden within their ro
   // Each position's logit scale, max_v |z_iv|, from the float32 model (within 1e-4 of the golden).
   FullAttention full32;
   const auto scale = std::get<0>(model32->forward(tokens, 0, full32).abs().max(-1));
-  auto policy = full_policy();
+  auto policy = full_cache_policy();
   struct Case {
     const char* dtype;
     double roundoff;  // u

@@ -86,7 +86,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   auto started = std::chrono::steady_clock::now();
   auto model = std::unique_ptr<Model>(new Model());
   model->dir_ = dir;
-  model->device_ = parse_device(options.device);
+  model->device_ = options.shapes_only ? torch::Device(torch::kMeta) : parse_device(options.device);
   model->dtype_ = parse_dtype(options.dtype);
 
   const std::string config_path = (fs::path(dir) / "config.json").string();
@@ -162,7 +162,10 @@ torch::Tensor Model::activation(const torch::Tensor& x) const {
 
 torch::Tensor Model::project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                              const RowLayout& rows) const {
-  if (rows.first.size() == 1) return project_alone(x, weight, bias);
+  // One product for all rows off the CPU: the device's GEMM reads the weights once for the
+  // batch (per-segment bits are the CPU's contract; a device's GEMM may round a row
+  // differently with the row count, within the goldens' tolerance).
+  if (rows.first.size() == 1 || !x.device().is_cpu()) return project_alone(x, weight, bias);
   // The decode rows together when project_alone() gives a single row to matvec(), whose
   // rows of a batch have the bits of each row alone; every other case per segment.
   const bool together = rows.decode_rows.defined() && weight.nbytes() >= kMatvecMinWeightBytes &&
@@ -336,7 +339,9 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
   rows.one_row_each = segments.size() >= 2 && rows.total == static_cast<int64_t>(segments.size());
   auto G = [&](Role r) -> const torch::Tensor& { return global_[static_cast<int>(r)]; };
   auto id_tensor = torch::tensor(ids, torch::kLong).to(device_);
-  auto x = G(Role::Embed).index_select(0, id_tensor);  // [total, hidden]
+  // Advanced indexing, not index_select: the same rows, and it has a meta kernel (the
+  // device-dispatch test runs the decoder on the meta device).
+  auto x = G(Role::Embed).index({id_tensor});  // [total, hidden]
   if (G(Role::ProjectIn).defined()) x = project(x, G(Role::ProjectIn), {}, rows);
 
   std::vector<torch::Tensor> cos, sin;  // [segments]: each [t_i, 1, rotary_dim]
@@ -359,7 +364,7 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
   }
   if (arch_.positions == PositionKind::Learned) {
     auto all = positions.size() == 1 ? positions.front() : torch::cat(positions, 0);
-    x = x + G(Role::PositionEmbed).index_select(0, (all + arch_.position_offset).to(device_));
+    x = x + G(Role::PositionEmbed).index({(all + arch_.position_offset).to(device_)});
   }
 
   for (const BatchSegment& segment : segments) segment.attention->set_sliding_window(arch_.sliding_window);
@@ -394,7 +399,8 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
     });
   if (G(Role::ProjectOut).defined()) x = project(x, G(Role::ProjectOut), {}, rows);
   const auto out_type = dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto logits = project(x, G(Role::LmHead), {}, rows).to(torch::kCPU, out_type);  // [total, vocab]
+  // [total, vocab] on the model's device: a device run's scorer reads it there (scorer.h).
+  auto logits = project(x, G(Role::LmHead), {}, rows).to(out_type);
   if (segments.size() == 1) return {logits};
   std::vector<torch::Tensor> out;  // [segments]: each [t_i, vocab]
   // Copies, so that a sequence keeping its rows does not keep the whole batch's.

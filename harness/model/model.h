@@ -22,6 +22,10 @@ struct ModelOptions {
   std::string dtype = "float32";  // "float32", "bfloat16", "float16" (or "float64" for checks)
   int threads = 0;                // --threads for the math libraries (0: keep the process's setting);
                                   // the caller applies it (use_threads_for), never Model::load
+  // The meta device instead of `device`: shapes without data. Not a user's option: the
+  // tests run the decoder on it to show that off the CPU no kernel of the project's own
+  // reads a tensor through a host pointer (tests/test_device_dispatch.cpp).
+  bool shapes_only = false;
 };
 
 torch::ScalarType parse_dtype(const std::string& name);
@@ -87,8 +91,8 @@ class Model {
   // Text to ids, with BOS first when the model uses one and `add_bos` is set.
   std::vector<int> encode(const std::string& text, bool add_bos) const;
 
-  // Runs tokens at positions start.. through the decoder. Returns CPU logits [t, vocab]
-  // (float32; float64 for a float64 model).
+  // Runs tokens at positions start.. through the decoder. Returns logits [t, vocab] on the
+  // model's device (float32; float64 for a float64 model).
   torch::Tensor forward(const std::vector<int>& tokens, int64_t start,
                         AttentionBackend& attention) const;
 

@@ -179,7 +179,9 @@ SequenceScore ScoreStream::result() {
   rows_.clear();
   SequenceScore result;
   result.kv = sim_ ? sim_->stats() : cache_->stats();
-  auto argmax = logits.argmax(-1).contiguous();
+  // argmax, log-softmax, targets and top-k run where the logits are; only per-row results
+  // ([T], [T, top_k]) come to the host, never the [T, vocab] logits of a device run.
+  auto argmax = logits.argmax(-1).to(torch::kCPU).contiguous();
   const int64_t* best = argmax.data_ptr<int64_t>();
   result.argmax.assign(best, best + T);
   // Log-softmax in float64, a block of rows at a time: a float64 copy of all T x vocab
@@ -191,6 +193,10 @@ SequenceScore ScoreStream::result() {
   for (int r0 = std::clamp(request_.first_logprob, 0, T - 1); r0 < T; r0 += kRowsPerBlock) {
     const int rows = std::min(kRowsPerBlock, T - r0);
     auto logprobs = torch::log_softmax(logits.narrow(0, r0, rows).to(torch::kFloat64), -1).contiguous();
+    if (!logprobs.device().is_cpu()) {
+      read_logprob_rows(logprobs, r0, tokens, request_.final_target, top_k, result);
+      continue;
+    }
     auto acc = logprobs.accessor<double, 2>();
     const int vocab = static_cast<int>(logprobs.size(1));
     for (int i = r0; i < r0 + rows; ++i) {
@@ -200,6 +206,43 @@ SequenceScore ScoreStream::result() {
     }
   }
   return result;
+}
+
+void read_logprob_rows(const torch::Tensor& logprobs, int r0, const std::vector<int>& tokens, int final_target,
+                       int top_k, SequenceScore& result) {
+  const int T = static_cast<int>(tokens.size()), rows = static_cast<int>(logprobs.size(0));
+  // Row i's target: the next token, or the final target after the last row.
+  std::vector<int64_t> targets, target_rows;
+  for (int i = r0; i < r0 + rows; ++i) {
+    const int target = i + 1 < T ? tokens[i + 1] : final_target;
+    if (target < 0) continue;
+    target_rows.push_back(i - r0);
+    targets.push_back(target);
+  }
+  if (!targets.empty()) {
+    const auto on_device = [&](const std::vector<int64_t>& v) { return torch::tensor(v, torch::kLong).to(logprobs.device()); };
+    const auto picked = logprobs.index({on_device(target_rows), on_device(targets)}).to(torch::kCPU).contiguous();
+    const double* values = picked.data_ptr<double>();
+    for (size_t j = 0; j < targets.size(); ++j) {
+      const int i = r0 + static_cast<int>(target_rows[j]);
+      if (i + 1 < T) result.next_token_logprob[i] = values[j];
+      else result.next_token_logprob.push_back(values[j]);
+    }
+  }
+  if (top_k <= 0) return;
+  const int k = std::min<int>(top_k, static_cast<int>(logprobs.size(1)));
+  // A stable descending sort keeps equal values in id order: the host's rule (lower id
+  // first), which topk does not promise.
+  const auto [sorted, order] = torch::sort(logprobs, /*stable=*/true, /*dim=*/-1, /*descending=*/true);
+  const auto values_host = sorted.narrow(1, 0, k).to(torch::kCPU).contiguous();
+  const auto ids_host = order.narrow(1, 0, k).to(torch::kCPU).contiguous();
+  const auto values = values_host.accessor<double, 2>();
+  const auto ids = ids_host.accessor<int64_t, 2>();
+  for (int i = 0; i < rows; ++i) {
+    std::vector<TokenLogprob>& top = result.top[r0 + i];
+    top.resize(k);
+    for (int j = 0; j < k; ++j) top[j] = {static_cast<int>(ids[i][j]), values[i][j]};
+  }
 }
 
 namespace {
@@ -390,7 +433,10 @@ void GenerationStream::take(const torch::Tensor& logits) {
   choose(logits[logits.size(0) - 1]);
 }
 
-void GenerationStream::choose(const torch::Tensor& row) {
+void GenerationStream::choose(const torch::Tensor& device_row) {
+  // Greedy decoding reads one id from a device; sampling and log-probs read the row.
+  const bool reads_row = options_.temperature > 0 || options_.top_logprobs >= 0;
+  const torch::Tensor row = reads_row ? device_row.to(torch::kCPU) : device_row;
   int next;
   if (options_.temperature > 0) {
     auto p = torch::softmax(row.to(torch::kFloat64) / options_.temperature, -1).contiguous();

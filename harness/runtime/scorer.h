@@ -35,6 +35,15 @@ struct SequenceScore {
 // The `k` most likely tokens of one row of log-probs [vocab], highest first (ties: lower id).
 std::vector<TokenLogprob> top_logprobs(const double* logprobs, int vocab, int k);
 
+// What ScoreStream::result reads from a block of log-probs [rows, vocab] (float64) of rows
+// r0 .. r0+rows-1, with tensor ops where the block is: each row's target (tokens[i+1], or
+// final_target >= 0 after the last token) into next_token_logprob (sized T-1), and with
+// top_k > 0 each row's top-k into top (sized T). A device run's path: only [rows] and
+// [rows, top_k] results cross to the host. The CPU reads the block in place instead, with
+// the same numbers (a test holds them equal).
+void read_logprob_rows(const torch::Tensor& logprobs, int r0, const std::vector<int>& tokens, int final_target,
+                       int top_k, SequenceScore& result);
+
 // A sequence's model calls as data, so that a batch can interleave several sequences:
 // next() says which tokens to run, take() reads their logits. run_batched() drives them.
 class BatchStream {
