@@ -15,6 +15,7 @@ class H2OPolicy : public ScoredPolicy {
   void score(const HeadSlots& head, float* out) const override {
     for (size_t s = 0; s < head.positions.size(); ++s) out[s] = head.values[s];
   }
+  ScoreRecipe score_recipe() const override { return ScoreRecipe::AttentionSum; }
 };
 }  // namespace
 

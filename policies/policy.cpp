@@ -151,12 +151,14 @@ class ScoredHeadState : public LayerState {
 
 }  // namespace
 
+GroupReduce ScoredPolicy::group_reduce() const { return parse_group_reduce(options_.params.text(kGroupReduce)); }
+
 LayerStates ScoredPolicy::make_layer_states(int layer, const SequenceShape& shape) const {
   LayerStates states;
   states.lockstep = states.same_slots = shared_across_heads();
   auto shared = states.lockstep ? std::make_shared<SharedScores>(*this, shape.n_kv_heads) : nullptr;
   const Budget budget = layer_budget(layer, shape);
-  const GroupReduce reduce = parse_group_reduce(options_.params.text(kGroupReduce));
+  const GroupReduce reduce = group_reduce();
   for (int h = 0; h < shape.n_kv_heads; ++h)
     states.heads.push_back(
         std::make_unique<ScoredHeadState>(*this, layer, h, budget, shape.group(), reduce, shared));

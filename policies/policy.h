@@ -222,6 +222,18 @@ void row_softmax(const float* row, int i, const char* keep, float* out);
 // ---------------------------------------------------------------------------------
 // Most policies are a score function over ScoredPolicy, which owns the slots, the
 // sink and recent windows and the top-k selection (the kvpress "ScorerPress" idea).
+
+// A scored policy's state and score as data: what a path that runs the policy with tensor
+// ops on the model's device (harness/runtime/device_policy.h) computes in place of
+// on_append, on_observe and score, each kind restating those functions exactly. The host
+// functions stay the reference; tests hold the two paths' kept sets equal.
+enum class ScoreRecipe {
+  None,               // host only
+  Position,           // score = the slot's position: the newest stay (local, streamingllm)
+  AttentionSum,       // value += the group-reduced attention of each query; score = value (h2o)
+  NegativeKeyNorm,    // value = the key's L2 norm rounded to 12 significant bits; score = -value (knorm)
+};
+
 class ScoredPolicy : public RealisablePolicy {
  public:
   using RealisablePolicy::RealisablePolicy;
@@ -239,6 +251,10 @@ class ScoredPolicy : public RealisablePolicy {
   virtual void score(const HeadSlots& head, float* out) const = 0;
   // True when one decision is shared by all heads of a layer (scores are averaged).
   virtual bool shared_across_heads() const { return false; }
+  // The functions above as data, where one recipe states them (ScoreRecipe).
+  virtual ScoreRecipe score_recipe() const { return ScoreRecipe::None; }
+  // How a KV head's query group's attention becomes one row (the group_reduce parameter).
+  GroupReduce group_reduce() const;
 };
 
 }  // namespace kvevict

@@ -20,6 +20,7 @@ class StreamingLLMPolicy : public ScoredPolicy {
   void score(const HeadSlots& head, float* out) const override {
     for (size_t s = 0; s < head.positions.size(); ++s) out[s] = static_cast<float>(head.positions[s]);
   }
+  ScoreRecipe score_recipe() const override { return ScoreRecipe::Position; }
 };
 }  // namespace
 

@@ -137,3 +137,21 @@ TEST_CASE("a device run's scorer reads the log-probs with tensor ops as the CPU 
   }
 }
 
+TEST_CASE("a sim-only policy refuses a sequence whose [heads, T, T] layer matrix is over its limit", "[device]") {
+  const Model& model = test::stories();
+  PolicyOptions options;
+  options.budget.ratio = 0.5;
+  const auto sim_only = make_policy("h2o-paper", options);
+  REQUIRE_FALSE(sim_only->realisable());
+  // The longest sequence under the limit, and one token more.
+  const int64_t heads = model.arch().n_heads;
+  int length = 1;
+  while (heads * int64_t{length + 1} * (length + 1) * 4 <= kSimOnlyLayerBytesMax) ++length;
+  CHECK_NOTHROW(SimAttention(model, *sim_only, shape_for(model, length, 0)));
+  const std::string refused = test::error_of([&] { SimAttention(model, *sim_only, shape_for(model, length + 1, 0)); });
+  CHECK_THAT(refused, Catch::StartsWith("policy h2o-paper is sim-only: each layer holds a [heads, T, T] float32 matrix"));
+  CHECK_THAT(refused, Catch::Contains("over the 16 GiB allowed"));
+  // A realisable policy's pass is blocked and has no such limit.
+  const auto realisable = make_policy("h2o", options);
+  CHECK_NOTHROW(SimAttention(model, *realisable, shape_for(model, length + 1, 0)));
+}

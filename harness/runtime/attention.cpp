@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "harness/common/errors.h"
@@ -201,6 +202,15 @@ int64_t record_driver_stats(KvStats& stats, int layer, const PolicyDriver& drive
   stats.max_per_layer[layer] = driver.peak_head_slots();
   stats.visible_per_layer[layer] = driver.last_visible();
   return driver.peak_total_slots() * row_bytes;
+}
+
+// The same for the device policy path, whose KV heads all hold as many slots (what the
+// last query saw is the caller's: it is read from the device).
+int64_t record_device_stats(KvStats& stats, int layer, const DeviceScoredLayer& policy, int64_t row_bytes) {
+  stats.kept_per_head[layer].assign(policy.n_kv_heads(), static_cast<int>(policy.slots()));
+  stats.kept_per_layer[layer] = static_cast<int>(policy.slots());
+  stats.max_per_layer[layer] = static_cast<int>(policy.peak_slots());
+  return policy.peak_slots() * policy.n_kv_heads() * row_bytes;
 }
 
 // An unquantized cache's bytes are its fp16 bytes.
@@ -476,7 +486,21 @@ torch::Tensor FullAttention::attend_merged(int, const torch::Tensor& q, const to
 
 // ---------------------------------------------------------------------------------
 SimAttention::SimAttention(const Model& model, const Policy& policy, SequenceShape shape)
-    : policy_(policy), shape_(shape), stats_(empty_stats(model, shape.n_layers)) {}
+    : policy_(policy), shape_(shape), stats_(empty_stats(model, shape.n_layers)),
+      device_policy_path_(!model.device().is_cpu()) {
+  // A sim-only policy's layer is a [heads, T, T] float32 matrix on the host (and its
+  // probabilities go to the model's device whole): refused where it cannot be held.
+  if (policy.realisable() || policy.keeps_everything()) return;
+  const double bytes = static_cast<double>(shape.n_q_heads) * shape.length * shape.length * sizeof(float);
+  if (bytes > static_cast<double>(kSimOnlyLayerBytesMax)) {
+    char size[64];
+    std::snprintf(size, sizeof size, "%.1f GiB", bytes / (1 << 30));
+    throw Error("policy " + policy.name() + " is sim-only: each layer holds a [heads, T, T] float32 matrix, " +
+                std::to_string(shape.n_q_heads) + " x " + std::to_string(shape.length) + " x " +
+                std::to_string(shape.length) + " = " + size + ", over the " +
+                std::to_string(kSimOnlyLayerBytesMax >> 30) + " GiB allowed; use shorter sequences or a realisable policy");
+  }
+}
 
 torch::Tensor SimAttention::attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v, int64_t start) {
@@ -539,6 +563,9 @@ torch::Tensor SimAttention::simulate_quantized(int layer, const torch::Tensor& q
 
 torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                                 const torch::Tensor& v) {
+  if (device_policy_path_)
+    if (auto on_device = DeviceScoredLayer::make(policy_, layer, shape_, sliding_window_))
+      return simulate_on_device(*on_device, layer, q, k, v);
   PolicyDriver driver(*policy_.as_realisable(), layer, shape_, sliding_window_, SlotColumns::Positions);
   const auto norms = key_norms(k);  // [T, Hkv]
   const int64_t n_kv = k.size(1);
@@ -548,6 +575,39 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
                                                           norms.data_ptr<float>() + r0 * n_kv);
                                      });
   add_full_precision_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
+  return out;
+}
+
+// The device policy path over the teacher-forced pass: the logits come by position; each
+// query (the prefill's rows together) sees its slots' columns, gathered, and its attention
+// goes back to those columns. Nothing of the [T, T] logits leaves the device.
+torch::Tensor SimAttention::simulate_on_device(DeviceScoredLayer& policy, int layer, const torch::Tensor& q,
+                                               const torch::Tensor& k, const torch::Tensor& v) {
+  const int64_t n_kv = k.size(1), g = q.size(1) / n_kv, d = q.size(2);
+  const auto norms = k.to(torch::kFloat32).norm(2, -1);  // [T, Hkv], where k is
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+  auto out = causal_attention_blocks(
+      q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0, [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
+        auto probs = torch::zeros_like(logits).view({n_kv, g, rows, n});
+        const auto by_row = logits.view({n_kv, g, rows, n});
+        for (int64_t r = 0; r < rows;) {
+          // The prefill's queries run together (nothing is evicted inside it), the rest one by one.
+          int64_t count = 1;
+          while (r0 + r + count < shape_.prefill_len && r + count < rows) ++count;
+          const int64_t first = r0 + r;
+          auto columns = torch::arange(first, first + count, longs).unsqueeze(0).expand({n_kv, count});
+          if (policy.slots() > 0) columns = torch::cat({policy.positions(), columns}, 1);
+          const int64_t slots = columns.size(1);
+          const auto index = columns.view({n_kv, 1, 1, slots}).expand({n_kv, g, count, slots});
+          const auto slot_logits = by_row.narrow(2, r, count).gather(3, index).reshape({n_kv, g * count, slots});
+          const auto slot_probs = policy.rows(slot_logits, first, count, norms.narrow(0, first, count));
+          probs.narrow(2, r, count).scatter_(3, index, slot_probs.view({n_kv, g, count, slots}));
+          r += count;
+        }
+        return probs.view({n_kv, g * rows, n});
+      });
+  add_full_precision_peak(stats_, record_device_stats(stats_, layer, policy, 2 * d * element_bytes(k)));
+  stats_.visible_per_layer[layer] = static_cast<int>(policy.last_visible());
   return out;
 }
 
@@ -596,12 +656,14 @@ CacheAttention::CacheAttention(const Model& model, const Policy& policy, Sequenc
   if (!policy.realisable())
     throw Error("policy " + policy.name() + " is sim-only (it needs " + policy.as_sim_only()->needs() +
                 ", which a real cache does not hold); use --mode sim");
+  device_policy_path_ = !model.device().is_cpu();
 }
 
 std::unique_ptr<CacheAttention> CacheAttention::fork(const SequenceShape& shape) const {
   if (!policy_.states_agree(shape_, shape)) return nullptr;
   std::unique_ptr<CacheAttention> copy(new CacheAttention(policy_, shape));
   copy->sliding_window_ = sliding_window_;
+  copy->device_policy_path_ = device_policy_path_;
   if (dmc_) copy->dmc_ = std::make_unique<DmcMergeState>(*dmc_);
   copy->stats_ = stats_;
   copy->attention_seconds_ = attention_seconds_;
@@ -616,6 +678,7 @@ std::unique_ptr<CacheAttention> CacheAttention::fork(const SequenceShape& shape)
     to.size = from.size;
     to.peak_bytes = from.peak_bytes;
     if (from.driver && !(to.driver = from.driver->clone())) return nullptr;
+    if (from.device_policy) to.device_policy = from.device_policy->clone();
     if (from.quantized && !(to.quantized = from.quantized->clone())) return nullptr;
     to.dmc_slots = from.dmc_slots;
     for (const torch::Tensor& t : from.dmc_keys) to.dmc_keys.push_back(copied(t));
@@ -628,7 +691,24 @@ int64_t CacheAttention::cached_tokens(int layer) const {
   const LayerCache& cache = layers_[layer];
   if (cache.quantized) return cache.quantized->tokens();
   if (!cache.dmc_slots.empty()) return *std::max_element(cache.dmc_slots.begin(), cache.dmc_slots.end());
+  if (cache.device_policy) return cache.device_policy->slots();
   return cache.driver ? cache.driver->max_slots() : cache.size;
+}
+
+std::vector<std::vector<int>> CacheAttention::kept_positions(int layer) const {
+  const LayerCache& cache = layers_[layer];
+  std::vector<std::vector<int>> kept;
+  if (cache.device_policy) {
+    if (!cache.device_policy->positions().defined()) return kept;
+    const auto positions = cache.device_policy->positions().to(torch::kCPU).contiguous();
+    for (int64_t h = 0; h < positions.size(0); ++h) {
+      const int64_t* row = positions.data_ptr<int64_t>() + h * positions.size(1);
+      kept.emplace_back(row, row + positions.size(1));
+    }
+  } else if (cache.driver) {
+    for (int h = 0; h < cache.driver->n_kv_heads(); ++h) kept.push_back(cache.driver->state(h).positions());
+  }
+  return kept;
 }
 
 int64_t CacheAttention::held_bytes() const {
@@ -656,10 +736,15 @@ torch::Tensor CacheAttention::attend(int layer, const torch::Tensor& q, const to
     attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return out;
   }
-  if (!policy_.keeps_everything() && !cache.driver)
-    cache.driver = std::make_unique<PolicyDriver>(*policy_.as_realisable(), layer, shape_, sliding_window_,
-                                                  SlotColumns::CacheRows);
-  torch::Tensor out = cache.driver ? attend_evicting(cache, layer, q, k, v, start) : attend_full(cache, layer, q, k, v);
+  if (!policy_.keeps_everything() && !cache.driver && !cache.device_policy) {
+    if (device_policy_path_) cache.device_policy = DeviceScoredLayer::make(policy_, layer, shape_, sliding_window_);
+    if (!cache.device_policy)
+      cache.driver = std::make_unique<PolicyDriver>(*policy_.as_realisable(), layer, shape_, sliding_window_,
+                                                    SlotColumns::CacheRows);
+  }
+  torch::Tensor out = cache.device_policy ? attend_on_device(cache, layer, q, k, v, start)
+                      : cache.driver      ? attend_evicting(cache, layer, q, k, v, start)
+                                          : attend_full(cache, layer, q, k, v);
   attention_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;
 }
@@ -764,12 +849,7 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
                                               const torch::Tensor& k, const torch::Tensor& v, int64_t start) {
   PolicyDriver& driver = *cache.driver;
   const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
-  // Nothing is evicted inside the prefill or inside an uncompressed question (scorer.h).
-  const bool in_prefill = start + t <= std::max<int64_t>(shape_.prefill_len, 1);
-  const bool in_question = shape_.question_len > 0 && start >= shape_.prefill_len &&
-                           start + t <= shape_.prefill_len + shape_.question_len;
-  if (t > 1 && !in_prefill && !in_question)
-    throw Error("a block of several tokens can only be the prefill or the question: eviction happens between tokens");
+  check_block(start, t);
   const int64_t n_prev = driver.max_slots(), n = n_prev + t;
   if (!cache.key_buffer.defined()) {
     cache.key_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, k.options());
@@ -823,6 +903,65 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
   }
   // Peak bytes: the sum over layers of each layer's largest cache.
   const int64_t peak = record_driver_stats(stats_, layer, driver, 2 * d * element_bytes(k));
+  add_full_precision_peak(stats_, peak - cache.peak_bytes);
+  cache.peak_bytes = peak;
+  return out;
+}
+
+const KvStats& CacheAttention::stats() const {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layers_[l].device_policy) stats_.visible_per_layer[l] = static_cast<int>(layers_[l].device_policy->last_visible());
+  return stats_;
+}
+
+void CacheAttention::check_block(int64_t start, int64_t t) const {
+  // Nothing is evicted inside the prefill or inside an uncompressed question (scorer.h).
+  const bool in_prefill = start + t <= std::max<int64_t>(shape_.prefill_len, 1);
+  const bool in_question = shape_.question_len > 0 && start >= shape_.prefill_len &&
+                           start + t <= shape_.prefill_len + shape_.question_len;
+  if (t > 1 && !in_prefill && !in_question)
+    throw Error("a block of several tokens can only be the prefill or the question: eviction happens between tokens");
+}
+
+// The device policy path: every head holds as many slots, slot s in cache row s, oldest
+// first; the new keys go to the rows after them, and a compression gathers the kept rows
+// to the front. Nothing here waits for the device.
+torch::Tensor CacheAttention::attend_on_device(LayerCache& cache, int layer, const torch::Tensor& q,
+                                               const torch::Tensor& k, const torch::Tensor& v, int64_t start) {
+  DeviceScoredLayer& policy = *cache.device_policy;
+  const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
+  check_block(start, t);
+  const int64_t n_prev = policy.slots(), n = n_prev + t;
+  if (!cache.key_buffer.defined()) {
+    cache.key_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, k.options());
+    cache.value_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, v.options());
+  }
+  reserve_rows(cache.key_buffer, n_prev, n);
+  reserve_rows(cache.value_buffer, n_prev, n);
+  cache.key_buffer.narrow(1, n_prev, t).copy_(k.permute({1, 0, 2}));
+  cache.value_buffer.narrow(1, n_prev, t).copy_(v.permute({1, 0, 2}));
+  const auto norms = k.to(torch::kFloat32).norm(2, -1);  // [t, Hkv], where k is
+  auto out = cache_rows_attention(q, cache.key_buffer, cache.value_buffer, n,
+                                  [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t) {
+                                    return policy.rows(logits, start + r0, rows, norms.narrow(0, r0, rows));
+                                  });
+  if (policy.kept().defined()) {
+    const torch::Tensor& kept = policy.kept();  // [Hkv, kept]
+    const int64_t count = kept.size(1);
+    const auto rows = kept.unsqueeze(-1).expand({n_kv, count, d});
+    for (torch::Tensor* buffer : {&cache.key_buffer, &cache.value_buffer}) {
+      const auto gathered = buffer->narrow(1, 0, n).gather(1, rows);
+      // Memory follows the budget, as on the host path: the kept rows and the next token's.
+      if (buffer->size(1) > count + 1 + std::max<int64_t>(16, count / 8)) {
+        auto smaller = torch::zeros({n_kv, count + 1, d}, buffer->options());
+        smaller.narrow(1, 0, count).copy_(gathered);
+        *buffer = smaller;
+      } else {
+        buffer->narrow(1, 0, count).copy_(gathered);
+      }
+    }
+  }
+  const int64_t peak = record_device_stats(stats_, layer, policy, 2 * d * element_bytes(k));
   add_full_precision_peak(stats_, peak - cache.peak_bytes);
   cache.peak_bytes = peak;
   return out;

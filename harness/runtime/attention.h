@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "harness/model/model.h"
+#include "harness/runtime/device_policy.h"
 #include "harness/runtime/policy_driver.h"
 #include "policies/policy.h"
 
@@ -65,6 +66,10 @@ class FullAttention : public AttentionBackend {
   int64_t block_rows_ = 0;
 };
 
+// The most a sim-only policy's [heads, T, T] float32 layer matrix may take (SimAttention
+// refuses a longer sequence): 16 GiB is 32 heads at T = 11585.
+constexpr int64_t kSimOnlyLayerBytesMax = int64_t{16} << 30;
+
 class SimAttention : public AttentionBackend {
  public:
   SimAttention(const Model& model, const Policy& policy, SequenceShape shape);
@@ -74,6 +79,9 @@ class SimAttention : public AttentionBackend {
   torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& merges, int64_t start) override;
   const KvStats& stats() const { return stats_; }
+  // As CacheAttention's: a realisable policy that can runs on the device policy path, by
+  // default off the CPU only.
+  void use_device_policy_path(bool on) { device_policy_path_ = on; }
 
  private:
   // Attention output [T, Hq*d] under a realisable policy.
@@ -83,9 +91,12 @@ class SimAttention : public AttentionBackend {
                                    const torch::Tensor& v);
   torch::Tensor simulate_sim_only(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v);
+  torch::Tensor simulate_on_device(DeviceScoredLayer& policy, int layer, const torch::Tensor& q,
+                                   const torch::Tensor& k, const torch::Tensor& v);
   const Policy& policy_;
   SequenceShape shape_;
   KvStats stats_;
+  bool device_policy_path_ = false;
 };
 
 // One layer's KIVI-quantized cache (harness/common/kv_quant.h: one KvHeadStore per KV
@@ -124,17 +135,24 @@ class CacheAttention : public AttentionBackend {
   // DMC: real slots; each KV head's rows are its slots in order, the last one replaced by a merge.
   torch::Tensor attend_merged(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& merges, int64_t start) override;
-  const KvStats& stats() const { return stats_; }
+  // (On the device policy path, what the last query saw is read from the device here.)
+  const KvStats& stats() const;
   // A copy of this cache, with its policy's states, that goes on as a sequence of `shape`
   // (which Policy::states_agree with this one's): the fork of a shared context. Null when
   // a state cannot be cloned (LayerState::clone); the caller then runs without reuse.
   std::unique_ptr<CacheAttention> fork(const SequenceShape& shape) const;
   // Rows of K/V the layer holds now (most over its KV heads).
   int64_t cached_tokens(int layer) const;
+  // Under a policy: the positions each KV head of the layer holds now, ascending ([Hkv][slots]).
+  std::vector<std::vector<int>> kept_positions(int layer) const;
   // Bytes of K/V memory the cache holds now (allocated rows, all layers).
   int64_t held_bytes() const;
   // Wall time spent inside attend() (scores, softmax, values, policy, eviction).
   double attention_seconds() const { return attention_seconds_; }
+  // Whether a policy that can (DeviceScoredLayer::make) runs on the device policy path:
+  // on by default off the CPU, off on the CPU, where the host path is the reference. Set
+  // before the first token; the tests turn it on to compare the two on the CPU.
+  void use_device_policy_path(bool on) { device_policy_path_ = on; }
 
  private:
   CacheAttention(const Policy& policy, SequenceShape shape);  // fork's: the members come after
@@ -145,7 +163,8 @@ class CacheAttention : public AttentionBackend {
     // (zero-filled), since they meet a probability of 0 in the value product.
     torch::Tensor key_buffer, value_buffer;
     int64_t size = 0;                     // without a policy: rows in use
-    std::unique_ptr<PolicyDriver> driver;  // null without a policy
+    std::unique_ptr<PolicyDriver> driver;  // null without a policy or on the device policy path
+    std::unique_ptr<DeviceScoredLayer> device_policy;  // the device policy path (device_policy.h)
     int64_t peak_bytes = 0;               // with a policy: the largest K+V bytes so far
     std::unique_ptr<QuantizedLayerCache> quantized;  // with --kv-quant: the whole layer's cache
     // DMC: per KV head, its slots (oldest first) in rows 0 .. dmc_slots[h]-1 of
@@ -157,10 +176,15 @@ class CacheAttention : public AttentionBackend {
                             const torch::Tensor& v);
   torch::Tensor attend_evicting(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
                                 const torch::Tensor& v, int64_t start);
+  torch::Tensor attend_on_device(LayerCache& cache, int layer, const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, int64_t start);
+  // A block of several tokens must be the prefill or the question (eviction happens between tokens).
+  void check_block(int64_t start, int64_t t) const;
+  bool device_policy_path_ = false;
   const Policy& policy_;
   SequenceShape shape_;
   std::vector<LayerCache> layers_;
-  KvStats stats_;
+  mutable KvStats stats_;
   double attention_seconds_ = 0;
 };
 

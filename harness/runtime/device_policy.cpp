@@ -1,0 +1,135 @@
+#include "harness/runtime/device_policy.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "harness/common/errors.h"
+
+namespace kvevict {
+namespace {
+
+// knorm's on_append: the norm rounded to 12 significant bits (round half away from zero,
+// as std::round; the scaled mantissa is below 4096, so adding 0.5 is exact).
+torch::Tensor rounded_norms(const torch::Tensor& norms) {
+  const auto [mantissa, exponent] = torch::frexp(norms);
+  return torch::ldexp(torch::floor(mantissa * 4096.0f + 0.5f) / 4096.0f, exponent).to(torch::kFloat32);
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceScoredLayer> DeviceScoredLayer::make(const Policy& policy, int layer, const SequenceShape& shape,
+                                                           int64_t sliding_window) {
+  const auto* scored = dynamic_cast<const ScoredPolicy*>(policy.as_realisable());
+  if (!scored || scored->score_recipe() == ScoreRecipe::None || scored->shared_across_heads() ||
+      policy.options().kv_quant.enabled())
+    return nullptr;
+  const Budget budget = policy.layer_budget(layer, shape);
+  if (budget.unlimited) return nullptr;
+  std::unique_ptr<DeviceScoredLayer> made(new DeviceScoredLayer());
+  made->recipe_ = scored->score_recipe();
+  made->reduce_ = scored->group_reduce();
+  made->budget_ = budget;
+  made->group_ = shape.group();
+  made->n_kv_ = shape.n_kv_heads;
+  made->prefill_len_ = shape.prefill_len;
+  made->window_ = sliding_window;
+  return made;
+}
+
+std::unique_ptr<DeviceScoredLayer> DeviceScoredLayer::clone() const {
+  std::unique_ptr<DeviceScoredLayer> copy(new DeviceScoredLayer(*this));
+  auto cloned = [](const torch::Tensor& t) { return t.defined() ? t.clone() : t; };
+  copy->positions_ = cloned(positions_);
+  copy->values_ = cloned(values_);
+  copy->kept_ = torch::Tensor();
+  return copy;
+}
+
+int64_t DeviceScoredLayer::last_visible() const {
+  return last_seen_.defined() ? last_seen_.item<int64_t>() : last_slots_;
+}
+
+torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first, int64_t rows,
+                                      const torch::Tensor& key_norms) {
+  const int64_t n = slots_ + rows;
+  if (logits.dim() != 3 || logits.size(0) != n_kv_ || logits.size(1) != group_ * rows || logits.size(2) != n)
+    throw Error("internal: the device policy path got logits of another shape than its slots");
+  const auto device = logits.device();
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
+  kept_ = torch::Tensor();
+
+  // 1. The queries' own keys enter as the newest slots.
+  const auto new_positions = torch::arange(first, first + rows, longs).unsqueeze(0).expand({n_kv_, rows});
+  const auto new_values = recipe_ == ScoreRecipe::NegativeKeyNorm
+                              ? rounded_norms(key_norms.to(device, torch::kFloat32).t())
+                              : torch::zeros({n_kv_, rows}, longs.dtype(torch::kFloat32));
+  positions_ = slots_ > 0 ? torch::cat({positions_, new_positions}, 1) : new_positions.contiguous();
+  values_ = slots_ > 0 ? torch::cat({values_, new_values}, 1) : new_values.contiguous();
+  slots_ = n;
+  peak_ = std::max(peak_, n);
+  last_slots_ = n;
+
+  // 2. What each query sees: causality and the model's sliding window. [Hkv, 1, rows, n]
+  const auto query_positions = torch::arange(first, first + rows, longs).view({1, 1, rows, 1});
+  const auto slot_positions = positions_.view({n_kv_, 1, 1, n});
+  auto seen = slot_positions <= query_positions;
+  if (window_ > 0) {
+    seen = seen.logical_and(slot_positions > query_positions - window_);
+    last_seen_ = seen.select(2, rows - 1).sum({1, 2}).max();
+  }
+
+  // 3. The masked softmax in float64, as the host's: exp(l - max) over the seen slots,
+  // times the reciprocal of their sum.
+  const auto masked = logits.view({n_kv_, group_, rows, n})
+                          .to(torch::kFloat64)
+                          .masked_fill(seen.logical_not(), -std::numeric_limits<double>::infinity());
+  const auto exps = (masked - std::get<0>(masked.max(-1, /*keepdim=*/true))).exp();  // [Hkv, g, rows, n]
+  const auto probs = exps * exps.sum(-1, /*keepdim=*/true).reciprocal();
+
+  // 4. The policy observes each query's attention, reduced over the group head by head
+  // and added one query at a time, in float32 (reduce_group, ScoredSlots::observe).
+  if (recipe_ == ScoreRecipe::AttentionSum) {
+    const auto observed = probs.to(torch::kFloat32);  // [Hkv, g, rows, n]
+    auto reduced = torch::zeros({n_kv_, rows, n}, observed.options());
+    for (int j = 0; j < group_; ++j) {
+      const auto member = observed.select(1, j);
+      reduced = reduce_ == GroupReduce::Max ? torch::maximum(reduced, member) : reduced + member;
+    }
+    if (reduce_ == GroupReduce::Mean) reduced = reduced / static_cast<float>(group_);
+    for (int64_t r = 0; r < rows; ++r) values_ = values_ + reduced.select(1, r);
+  }
+
+  // 5. After the prefill, the budget: the sinks and the recent window stay, the highest
+  // scores take the rest, the newer slot among equal scores (select_kept_slots).
+  const int64_t newest = first + rows - 1;
+  if (newest >= prefill_len_ - 1 && budget_.compresses_after(static_cast<int>(newest)) &&
+      n > budget_.capacity_after(static_cast<int>(newest))) {
+    const int64_t capacity = budget_.capacity_after(static_cast<int>(newest));
+    // Slot order is position order and the sinks are the first positions, never evicted.
+    const int64_t n_sink = std::min<int64_t>(budget_.sink, n);
+    const int64_t n_recent = std::min<int64_t>(budget_.recent, n - n_sink);
+    const int64_t n_candidates = n - n_sink - n_recent;
+    const int64_t n_heavy = std::min(std::max<int64_t>(0, capacity - n_sink - n_recent), n_candidates);
+    torch::Tensor scores;
+    switch (recipe_) {
+      case ScoreRecipe::Position: scores = positions_.to(torch::kFloat32); break;
+      case ScoreRecipe::AttentionSum: scores = values_; break;
+      case ScoreRecipe::NegativeKeyNorm: scores = values_.neg(); break;
+      case ScoreRecipe::None: throw Error("internal: a device policy layer without a recipe");
+    }
+    // Newest candidate first, then a stable sort by score: ties keep the newer slot.
+    const auto candidates = scores.narrow(1, n_sink, n_candidates).flip(1);
+    const auto order = std::get<1>(torch::sort(candidates, /*stable=*/true, /*dim=*/1, /*descending=*/true));
+    const auto heavy =
+        std::get<0>(torch::sort((n_candidates - 1 + n_sink) - order.narrow(1, 0, n_heavy), /*dim=*/1));
+    kept_ = torch::cat({torch::arange(0, n_sink, longs).unsqueeze(0).expand({n_kv_, n_sink}), heavy,
+                        torch::arange(n - n_recent, n, longs).unsqueeze(0).expand({n_kv_, n_recent})},
+                       1);
+    positions_ = positions_.gather(1, kept_);
+    values_ = values_.gather(1, kept_);
+    slots_ = kept_.size(1);
+  }
+  return probs.to(logits.scalar_type()).view(logits.sizes());
+}
+
+}  // namespace kvevict
