@@ -201,11 +201,13 @@ torch::Tensor causal_softmax_aten(torch::Tensor logits, const CausalRows& mask) 
       fill_hidden(logits.data_ptr<double>(), logits.numel() / n, n, mask);
     return torch::softmax(logits, -1);
   }
-  auto query = torch::arange(mask.first_query, mask.first_query + mask.rows, torch::kLong).unsqueeze(1);
-  auto key = torch::arange(0, n, torch::kLong).unsqueeze(0);
+  // The mask is made where the logits are: nothing crosses to a device.
+  const auto longs = torch::TensorOptions().dtype(torch::kLong).device(logits.device());
+  auto query = torch::arange(mask.first_query, mask.first_query + mask.rows, longs).unsqueeze(1);
+  auto key = torch::arange(0, n, longs).unsqueeze(0);
   auto hidden = key > query;
   if (mask.window > 0) hidden = hidden.logical_or(key <= query - mask.window);
-  logits.view({-1, mask.rows, n}).masked_fill_(hidden.to(logits.device()), -std::numeric_limits<double>::infinity());
+  logits.view({-1, mask.rows, n}).masked_fill_(hidden, -std::numeric_limits<double>::infinity());
   return torch::softmax(logits, -1);
 }
 
