@@ -13,6 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <unistd.h>
+
+#include <torch/cuda.h>
 
 #include "harness/model/architecture.h"
 #include "harness/common/atomic_file.h"
@@ -581,6 +584,115 @@ const std::vector<std::string> kContextReuseBenchKeys = {"comment", "description
 
 }  // namespace
 
+namespace {
+
+// The config.json of a random-weight LLaMA (or Qwen3) of this shape.
+nlohmann::json random_model_config(const RandomModelArgs& a) {
+  const bool qwen3 = a.arch == "qwen3";
+  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads, I = a.intermediate;
+  return {{"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+          {"model_type", a.arch}, {"head_dim", hd},
+          {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
+          {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
+          {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
+          {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+          {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
+          {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
+}
+
+// A model shape drawn at random where the model runs (ModelOptions::random_weights_seed):
+// prefill and decode tokens/s at each context length, under the full cache and each
+// policy (prefill-compress: the prompt compressed to the budget, then decode steps), for
+// shapes too large to write as a file (an 8B model on a GPU: configs/bench_gpu_8b.json).
+const std::vector<std::string> kRandomModelBenchKeys = {"comment", "description", "random_model", "dtypes", "contexts",
+                                                        "decode_steps", "policies", "budget", "repeat"};
+const std::vector<std::string> kRandomModelShapeKeys = {"layers", "hidden", "heads", "kv_heads", "intermediate",
+                                                        "vocab", "max_positions", "head_dim"};
+
+int bench_random_model(const BenchArgs& args, const ConfigObject& config) {
+  namespace fs = std::filesystem;
+  const ConfigObject shape(config.raw("random_model"), config.name("random_model"), kRandomModelShapeKeys,
+                           "random_model.");
+  RandomModelArgs a;
+  a.layers = shape.integer("layers", a.layers, 1, kMaxLayers);
+  a.hidden = shape.integer("hidden", a.hidden, 1, kMaxHidden);
+  a.heads = shape.integer("heads", a.heads, 1, kMaxHeads);
+  a.kv_heads = shape.integer("kv_heads", a.kv_heads, 1, kMaxHeads);
+  a.intermediate = shape.integer("intermediate", a.intermediate, 1, kMaxIntermediate);
+  a.vocab = shape.integer("vocab", a.vocab, 1, kMaxVocab);
+  a.max_positions = shape.integer("max_positions", a.max_positions, 1, kMaxPositions);
+  a.head_dim = shape.integer("head_dim", 0, 0, kMaxHidden);
+  if ((a.head_dim == 0 && a.hidden % a.heads != 0) || a.heads % a.kv_heads != 0)
+    throw Error(config.name("random_model") + ": hidden must divide by heads (or give head_dim), heads by kv_heads");
+  const std::vector<std::string> dtypes = config.texts("dtypes", {"float32"});
+  const std::vector<int> contexts = config.integers("contexts", {256}, 2, kMaxPositions);
+  const int steps = config.integer("decode_steps", 16, 1, kMaxPositions);
+  const std::vector<std::string> policies = config.texts("policies", {reference_policy_name()});
+  const double budget = config.number("budget", 0.2, 0, 1);
+  const int repeat = config.integer("repeat", 1, 1, 1000);
+  for (int context : contexts)
+    if (context + steps > a.max_positions)
+      throw Error(config.name("contexts") + ": " + std::to_string(context) + " + decode_steps " +
+                  std::to_string(steps) + " exceeds random_model.max_positions " + std::to_string(a.max_positions));
+  // Only config.json is written (the weights are drawn where the model runs), into a
+  // temporary folder removed afterwards.
+  const fs::path dir = fs::temp_directory_path() / ("kvevict_bench_model_" + std::to_string(::getpid()));
+  struct RemoveAfter {
+    fs::path dir;
+    ~RemoveAfter() { std::error_code ignored; fs::remove_all(dir, ignored); }
+  } remove_after{dir};
+  fs::create_directories(dir);
+  write_file_atomically((dir / "config.json").string(), random_model_config(a).dump(2) + "\n");
+
+  const bool cuda = args.runtime.options.device.rfind("cuda", 0) == 0;
+  auto wait = [&] {
+    if (cuda) torch::cuda::synchronize();
+  };
+  std::cout << std::fixed << std::setprecision(1);
+  std::cout << "random model: " << a.layers << " layers, hidden " << a.hidden << ", heads " << a.heads << "/"
+            << a.kv_heads << ", intermediate " << a.intermediate << ", vocab " << a.vocab << ", device "
+            << args.runtime.options.device << "\n";
+  for (const std::string& dtype : dtypes) {
+    ModelOptions options = args.runtime.options;
+    options.dtype = dtype;
+    options.random_weights_seed = 7;
+    auto t0 = Clock::now();
+    auto model = Model::load(dir.string(), options);
+    wait();
+    std::cout << dtype << " weights drawn in " << seconds_since(t0) << " s\n";
+    use_threads_for(*model, options.threads);
+    torch::NoGradGuard no_grad;
+    for (int context : contexts) {
+      const std::vector<int> tokens = random_tokens(context + steps, a.vocab, 11);
+      for (const std::string& name : policies) {
+        PolicyOptions policy_options;
+        if (name != reference_policy_name()) policy_options.budget.ratio = budget;
+        const auto policy = make_policy(name, policy_options);
+        double prefill_s = 1e30, decode_s = 1e30;
+        int64_t kept = 0;
+        for (int r = 0; r < repeat; ++r) {
+          CacheAttention cache(*model, *policy, shape_for(*model, context, context));
+          auto started = Clock::now();
+          model->forward(std::vector<int>(tokens.begin(), tokens.begin() + context), 0, cache);
+          wait();
+          prefill_s = std::min(prefill_s, seconds_since(started));
+          started = Clock::now();
+          for (int s = 0; s < steps; ++s) model->forward({tokens[context + s]}, context + s, cache);
+          wait();
+          decode_s = std::min(decode_s, seconds_since(started));
+          kept = cache.cached_tokens(0);
+        }
+        std::cout << dtype << " context " << context << " policy " << name << " prefill_tokens_per_s "
+                  << context / prefill_s << " decode_tokens_per_s " << steps / decode_s << " kept_tokens " << kept
+                  << "\n";
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run_bench(const BenchArgs& args, const std::string& data_override) {
   if (!args.config.empty()) {
     const nlohmann::json config = read_json_file(args.config);
@@ -588,6 +700,8 @@ int run_bench(const BenchArgs& args, const std::string& data_override) {
       return bench_tokenizers(args, ConfigObject(config, args.config, kTokenizerBenchKeys), data_override);
     if (config.is_object() && config.contains("reuse_tasks"))
       return bench_context_reuse(args, ConfigObject(config, args.config, kContextReuseBenchKeys), data_override);
+    if (config.is_object() && config.contains("random_model"))
+      return bench_random_model(args, ConfigObject(config, args.config, kRandomModelBenchKeys));
     if (config.is_object() && config.contains("batch_sizes"))
       return bench_batch(args, ConfigObject(config, args.config, kBatchBenchKeys), data_override);
     return bench_policies(args, ConfigObject(config, args.config, kPolicyBenchKeys));
@@ -653,18 +767,8 @@ int run_make_random_model(const RandomModelArgs& a) {
     if (tokenizer_files.empty())
       throw Error("make-random-model: --tokenizer-from " + a.tokenizer_from + " holds no tokenizer files");
   }
-  const bool qwen3 = a.arch == "qwen3";
   fs::create_directories(a.out);
-  const int64_t D = a.hidden, hd = a.head_dim > 0 ? a.head_dim : a.hidden / a.heads, I = a.intermediate;
-  const nlohmann::json config = {
-      {"architectures", {qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
-      {"model_type", a.arch}, {"head_dim", hd},
-      {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", a.layers},
-      {"num_attention_heads", a.heads}, {"num_key_value_heads", a.kv_heads},
-      {"vocab_size", a.vocab}, {"max_position_embeddings", a.max_positions},
-      {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
-      {"bos_token_id", 1}, {"eos_token_id", 2}, {"torch_dtype", "float32"},
-      {"kvevict_note", "random weights: for speed and memory only, never for accuracy"}};
+  const nlohmann::json config = random_model_config(a);
   // The tensors are the ones the architecture's row lists for this config, in its order.
   const std::string config_path = (fs::path(a.out) / "config.json").string();
   const ArchSpec arch = describe_architecture(config, config_path, [](const std::string&) { return true; });
@@ -689,9 +793,7 @@ int run_make_random_model(const RandomModelArgs& a) {
   out.write(text.data(), text.size());
   torch::manual_seed(a.seed);
   for (const TensorSpec& tensor : arch.tensors) {
-    const bool is_norm = tensor.name.find("norm") != std::string::npos;
-    auto t = is_norm ? torch::ones(tensor.shape) : torch::randn(tensor.shape) * 0.02;
-    t = t.contiguous();
+    const auto t = random_weight(tensor, torch::TensorOptions().dtype(torch::kFloat32)).contiguous();
     out.write(reinterpret_cast<const char*>(t.data_ptr<float>()), t.numel() * 4);
   }
   out.close();

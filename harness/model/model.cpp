@@ -41,6 +41,11 @@ torch::Tensor silu_in_chunks(const torch::Tensor& x) {
 
 }  // namespace
 
+torch::Tensor random_weight(const TensorSpec& spec, const torch::TensorOptions& options) {
+  if (spec.name.find("norm") != std::string::npos) return torch::ones(spec.shape, options);
+  return (torch::randn(spec.shape, options.dtype(torch::kFloat32)) * 0.02).to(options.dtype());
+}
+
 torch::ScalarType parse_dtype(const std::string& name) {
   switch (parse_dtype_name(name)) {
     case DtypeName::Float32: return torch::kFloat32;
@@ -93,10 +98,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (!fs::exists(config_path)) throw Error(config_path + ": no such file (not a model directory?)");
   const nlohmann::json config = read_json_file(config_path);
   checked_model_type(config, config_path);  // a bad model_type is a config error, before any weights
-  model->weights_ = WeightStore::open(dir);
+  const bool random = options.random_weights_seed >= 0;
+  if (!random) model->weights_ = WeightStore::open(dir);
   const WeightStore& weights = model->weights_;
   model->arch_ = describe_architecture(config, config_path,
-                                       [&](const std::string& n) { return weights.has(n); });
+                                       [&](const std::string& n) { return random || weights.has(n); });
   const ArchSpec& arch = model->arch_;
   // A tiny model's ops are too small to split: an OpenMP team costs more than it saves
   // (stories260K's RTE ran 20x slower on 2 threads than on 1 on a loaded machine). Its
@@ -105,10 +111,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (model->runs_ops_on_one_thread())
     model->request_workers_ = options.threads > 0 ? options.threads : physical_core_count();
 
-  check_tensors_match_config(arch, weights, dir);
+  if (!random) check_tensors_match_config(arch, weights, dir);
+  if (random) torch::manual_seed(static_cast<uint64_t>(options.random_weights_seed));
   model->layers_.resize(arch.n_layers);
   for (const TensorSpec& spec : arch.tensors) {
-    torch::Tensor t = weights.get(spec.name, model->dtype_, model->device_);
+    torch::Tensor t = random ? random_weight(spec, torch::TensorOptions().dtype(model->dtype_).device(model->device_))
+                             : weights.get(spec.name, model->dtype_, model->device_);
     if (spec.layer < 0)
       model->global_[static_cast<int>(spec.role)] = t;
     else

@@ -26,7 +26,14 @@ struct ModelOptions {
   // tests run the decoder on it to show that off the CPU no kernel of the project's own
   // reads a tensor through a host pointer (tests/test_device_dispatch.cpp).
   bool shapes_only = false;
+  // >= 0: config.json alone, every weight drawn at random with this seed where the model
+  // runs (random_weight), so an 8B shape needs no 16 GB file: for speed measurements only.
+  int64_t random_weights_seed = -1;
 };
+
+// A random weight for speed measurements (make-random-model, random_weights_seed): norms
+// 1, every other tensor normal with standard deviation 0.02.
+torch::Tensor random_weight(const TensorSpec& spec, const torch::TensorOptions& options);
 
 torch::ScalarType parse_dtype(const std::string& name);
 torch::Device parse_device(const std::string& name);
