@@ -68,7 +68,7 @@ TEST_CASE("analyze reproduces the golden attention statistics", "[analyze][golde
 
 TEST_CASE("analyze counts only the keys a sliding window lets a query see", "[analyze][window]") {
   // tiny-random-mistral: window 8, 40 tokens, so most queries see 8 of their keys.
-  auto model = Model::load(test::data("models/tiny-random-mistral"));
+  auto model = Model::load(test::data("models/tiny-random-mistral"), test::model_options());
   const auto tokens = test::read_json(test::data("golden/tiny_models/tiny-random-mistral.json"))["tokens"].get<std::vector<int>>();
   const int64_t window = model->arch().sliding_window;
   REQUIRE(window == 8);
@@ -400,7 +400,7 @@ std::vector<double> doubles_of(const torch::Tensor& t) {
 }  // namespace
 
 TEST_CASE("analyze --kv-quant observes the attention of decode mode's KIVI cache, row by row", "[analyze][kivi]") {
-  ModelOptions options;
+  ModelOptions options = test::model_options();
   options.dtype = "float64";
   const auto model = Model::load(test::data("models/stories260K-hf"), options);
   const std::vector<int> tokens = test::golden_tokens();

@@ -141,7 +141,7 @@ TEST_CASE("forward_batch: mixed lengths, prefill blocks beside decode rows, each
                                    {matvec_model_dir(), "float32", 1e-5},
                                    {matvec_model_dir(), "bfloat16", 0}};
   for (const Case& c : cases) {
-    ModelOptions options;
+    ModelOptions options = test::model_options();
     options.dtype = c.dtype;
     auto model = Model::load(c.dir, options);
     const int vocab = static_cast<int>(model->arch().vocab);
@@ -230,7 +230,7 @@ TEST_CASE("continuous batching: a sequence that stops first leaves, the next joi
           "[batch]") {
   // One request thread, so one continuous batch and an order to check (stories260K runs a
   // batch on each of its request threads otherwise: the next test).
-  ModelOptions one_worker;
+  ModelOptions one_worker = test::model_options();
   one_worker.threads = 1;
   const auto loaded = Model::load(test::data("models/stories260K-hf"), one_worker);
   const Model& model = *loaded;
@@ -281,7 +281,7 @@ TEST_CASE("continuous batching: a sequence that stops first leaves, the next joi
 }
 
 TEST_CASE("a one-thread-op model runs a batch on each request thread, every number as alone", "[batch]") {
-  ModelOptions two_workers;
+  ModelOptions two_workers = test::model_options();
   two_workers.threads = 2;
   const auto loaded = Model::load(test::data("models/stories260K-hf"), two_workers);
   const Model& model = *loaded;
@@ -493,7 +493,7 @@ TEST_CASE("the goldens hold at batch sizes 1, 3 and 8", "[batch][golden]") {
     const auto golden = test::read_json(test::data(g.file));
     const auto tokens = golden["tokens"].get<std::vector<int>>();
     const auto expected = golden[g.key]["next_token_logprob"].get<std::vector<double>>();
-    auto model = Model::load(test::data(g.model));
+    auto model = Model::load(test::data(g.model), test::model_options());
     auto policy = make_policy(g.policy, g.options);
     std::vector<ScoreRequest> requests = {{tokens}};
     for (int k = 1; k < 8; ++k) {

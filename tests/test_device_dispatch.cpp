@@ -3,7 +3,9 @@
 // anything else takes ATen's path. Tensors on the meta device (shapes, no data) stand in
 // for a GPU's: a dispatcher that took one into a CPU loop would read a null pointer.
 // Also: what a device run's scorer reads with tensor ops equals what the CPU reads in place.
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "harness/model/fused_elementwise.h"
@@ -26,17 +28,25 @@ torch::Tensor meta(at::IntArrayRef shape, torch::ScalarType dtype = torch::kFloa
   return torch::empty(shape, torch::TensorOptions().dtype(dtype).device(torch::kMeta));
 }
 
-// A random LLaMA whose matrices are large enough for matvec() (1 MiB), shared by the cases.
+// A random LLaMA whose matrices are large enough for matvec() (1 MiB), shared by the cases
+// and removed when the test process ends.
 const std::string& random_llama_dir() {
-  static const std::string dir = [] {
+  struct Folder {
+    std::string path;
+    ~Folder() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Folder folder = [] {
     const std::string d = test::temp_dir("device_dispatch_llama");
     auto r = test::run_kvevict("make-random-model --out " + d +
                                " --layers 2 --hidden 512 --heads 8 --kv-heads 4 --intermediate 1024 --vocab 600"
                                " --max-positions 128");
     if (r.exit_code != 0) throw std::runtime_error("make-random-model failed: " + r.err);
-    return d;
+    return Folder{d};
   }();
-  return dir;
+  return folder.path;
 }
 
 }  // namespace

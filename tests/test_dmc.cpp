@@ -38,7 +38,7 @@ const char* kFixture = "models/tiny-random-llama-dmc";
 std::unique_ptr<Policy> full_policy() { return make_policy("full", PolicyOptions{}); }
 
 std::unique_ptr<Model> load(const std::string& dir, const std::string& dtype) {
-  ModelOptions options;
+  ModelOptions options = test::model_options();
   options.dtype = dtype;
   return Model::load(dir, options);
 }

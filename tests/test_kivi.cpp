@@ -286,7 +286,7 @@ TEST_CASE("KIVI reproduces tools/ref_kivi.py's golden in both modes", "[kivi][go
   const std::vector<int> tokens = golden["tokens"].get<std::vector<int>>();
   const int layers = golden["model_shape"]["layers"].get<int>();
   for (const auto& [dtype, tolerance] : std::vector<std::pair<std::string, double>>{{"float64", 1e-6}, {"float32", 1e-4}}) {
-    ModelOptions options;
+    ModelOptions options = test::model_options();
     options.dtype = dtype;
     auto model = Model::load(test::data("models/stories260K-hf"), options);
     for (const auto& config : golden["configs"]) {
@@ -327,7 +327,7 @@ TEST_CASE("KIVI with R = T reproduces the unquantized cache", "[kivi]") {
   // float64: the unquantized full cache takes the sequence as one block and the quantized
   // one token by token, so their projections round differently (~1e-14); nothing is
   // quantized, so anything else would show far above 1e-12.
-  ModelOptions options;
+  ModelOptions options = test::model_options();
   options.dtype = "float64";
   auto model = Model::load(test::data("models/stories260K-hf"), options);
   for (const std::string& name : {"full", "h2o", "local"}) {
@@ -349,7 +349,7 @@ TEST_CASE("KIVI with R = T reproduces the unquantized cache", "[kivi]") {
 
 TEST_CASE("sim mode and decode mode agree for every realisable policy with a KIVI cache", "[kivi][sim-decode]") {
   const std::vector<int> tokens = test::golden_tokens();
-  ModelOptions options;
+  ModelOptions options = test::model_options();
   options.dtype = "float64";
   auto model = Model::load(test::data("models/stories260K-hf"), options);
   for (const std::string& name : policy_names()) {

@@ -44,7 +44,7 @@ std::vector<int> greedy_by_recompute(const Model& model, std::vector<int> tokens
 void check_golden_model(const std::string& model_dir, const std::string& golden_file) {
   INFO(model_dir);
   auto golden = test::read_json(test::data(golden_file));
-  auto model = Model::load(test::data(model_dir));
+  auto model = Model::load(test::data(model_dir), test::model_options());
   auto tokens = golden["tokens"].get<std::vector<int>>();
   auto policy = full_cache_policy();
   auto expected = golden["full"]["next_token_logprob"].get<std::vector<double>>();
@@ -94,7 +94,7 @@ std::string load_error(const std::string& dir) {
 
 TEST_CASE("stories260K full attention matches the float64 reference", "[model][golden]") {
   auto golden = test::read_json(test::data("golden/stories260K_tinystories_T200.json"));
-  auto model = Model::load(test::data("models/stories260K-hf"));
+  auto model = Model::load(test::data("models/stories260K-hf"), test::model_options());
   auto tokens = golden["tokens"].get<std::vector<int>>();
   REQUIRE(tokens.size() == 200);
   auto policy = full_cache_policy();
@@ -189,7 +189,7 @@ TEST_CASE("bfloat16 and float16 compute match the float64 golden within their ro
   const auto golden = test::read_json(test::data("golden/stories260K_tinystories_T200.json"));
   const auto tokens = golden["tokens"].get<std::vector<int>>();
   const auto expected = golden["full"]["next_token_logprob"].get<std::vector<double>>();
-  auto model32 = Model::load(test::data("models/stories260K-hf"));
+  auto model32 = Model::load(test::data("models/stories260K-hf"), test::model_options());
   const double roundings = 4.0 * model32->arch().n_layers + 3;
   // Each position's logit scale, max_v |z_iv|, from the float32 model (within 1e-4 of the golden).
   FullAttention full32;
@@ -202,7 +202,7 @@ TEST_CASE("bfloat16 and float16 compute match the float64 golden within their ro
   std::map<std::string, double> mean_error;
   for (const Case c : {Case{"bfloat16", 1.0 / 256}, Case{"float16", 1.0 / 2048}}) {
     INFO("dtype " << c.dtype);
-    ModelOptions options;
+    ModelOptions options = test::model_options();
     options.dtype = c.dtype;
     auto model = Model::load(test::data("models/stories260K-hf"), options);
     FullAttention attention;

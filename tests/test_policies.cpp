@@ -77,7 +77,7 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
   // the fixtures with eviction (AVX-512 and AVX2 alike), so float32 is held to 5e-5.
   for (const auto& [dtype, tolerance] : std::vector<std::pair<std::string, double>>{{"float64", 1e-9}, {"float32", 5e-5}})
   for (const auto& c : cases) {
-    ModelOptions options;
+    ModelOptions options = test::model_options();
     options.dtype = dtype;
     auto model = Model::load(test::data(c.model), options);
     for (const std::string& name : policy_names()) {
@@ -171,7 +171,7 @@ TEST_CASE("bad policy input gets a clear error", "[policy][errors]") {
 TEST_CASE("Mistral's sliding window bounds what any budget can see", "[policy][arch]") {
   auto golden = test::read_json(test::data("golden/tiny_models/tiny-random-mistral.json"));
   auto tokens = golden["tokens"].get<std::vector<int>>();
-  auto model = Model::load(test::data("models/tiny-random-mistral"));
+  auto model = Model::load(test::data("models/tiny-random-mistral"), test::model_options());
   REQUIRE(model->arch().sliding_window == 8);
   auto full = score_sequence(*model, *make_policy("full", {}), Mode::Decode, tokens);
   for (Mode mode : {Mode::Sim, Mode::Decode}) {

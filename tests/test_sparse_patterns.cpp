@@ -173,7 +173,7 @@ TEST_CASE("h2o on a static pattern keeps at most B*L keys and always the pattern
 }
 
 TEST_CASE("composed policies: sim == decode and bad combinations", "[policy][sparse][compose][sim-decode]") {
-  ModelOptions f64;
+  ModelOptions f64 = test::model_options();
   f64.dtype = "float64";
   auto model = Model::load(test::data("models/stories260K-hf"), f64);
   auto tokens = test::golden_tokens();

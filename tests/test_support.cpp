@@ -38,9 +38,15 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+ModelOptions model_options() {
+  ModelOptions options;
+  if (const char* device = std::getenv("KVEVICT_TEST_DEVICE"); device && *device) options.device = device;
+  return options;
+}
+
 const Model& stories() {
   static auto model = [] {
-    auto loaded = Model::load(data("models/stories260K-hf"));
+    auto loaded = Model::load(data("models/stories260K-hf"), model_options());
     use_threads_for(*loaded, 0);  // as the CLI does: a tiny model runs each op on one thread
     return loaded;
   }();

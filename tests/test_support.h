@@ -8,6 +8,7 @@
 
 namespace kvevict {
 class Model;
+struct ModelOptions;  // harness/model/model.h: the header stays free of LibTorch
 struct ResultRow;
 }
 
@@ -17,7 +18,10 @@ namespace kvevict::test {
 std::string data(const std::string& relative);
 nlohmann::json read_json(const std::string& path);
 std::string read_text(const std::string& path);
-// The bundled stories260K model, loaded once per test process.
+// The options the golden tests load their models with: the CPU, or the device named by
+// $KVEVICT_TEST_DEVICE (tests/gpu/run_on_device.sh runs the goldens on "cuda" with it).
+ModelOptions model_options();
+// The bundled stories260K model, loaded once per test process (with model_options()).
 const Model& stories();
 // The 200 tokens of golden/stories260K_tinystories_T200.json (BOS + the sample text).
 std::vector<int> golden_tokens();
