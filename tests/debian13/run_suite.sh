@@ -34,6 +34,7 @@ bind() {  # bind SOURCE TARGET_IN_CHROOT
 }
 mountpoint -q "$CHROOT/proc" || { mount -t proc proc "$CHROOT/proc"; mounted+=("$CHROOT/proc"); }
 bind /dev /dev
+bind /dev/pts /dev/pts
 bind "$PARENT" /kvevict-src
 
 inside() { chroot "$CHROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 bash -c "$1"; }
