@@ -379,6 +379,9 @@ std::vector<Case> cases() {
   cli_case("eval --format xml", "eval --task copa --limit 2 --format xml", "--format");
   cli_case("eval unknown task", "eval --task boolq --limit 2", "boolq");
   cli_case("bench --repeat 0", "bench --repeat 0", "--repeat");
+  cli_case("bench --batch-size 8 without a batch config (was batch 1, silently)", "bench --batch-size 8", "--batch-size");
+  cli_case("bench --batch-size 8 with a policy config", "bench --batch-size 8 --config configs/bench_decode.json",
+           "--batch-size");
   cli_case("unknown flag", "generate --bogus 3", "--bogus");
   // A ratio that keeps 0 tokens at any length a model may have, or at this model's whole
   // context (stories260K: 512 positions), never keeps a token; the smallest that does is named.

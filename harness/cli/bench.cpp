@@ -694,8 +694,16 @@ int bench_random_model(const BenchArgs& args, const ConfigObject& config) {
 }  // namespace
 
 int run_bench(const BenchArgs& args, const std::string& data_override) {
+  // --batch-size sets the batch a batch benchmark compares with batch 1; elsewhere it
+  // would be silently ignored.
+  auto refuse_batch_size = [&](const std::string& what) {
+    if (args.batch_size > 0)
+      throw Error("bench: --batch-size applies to a batch benchmark config (a \"batch_sizes\" list, "
+                  "configs/bench_batch.json), not to " + what);
+  };
   if (!args.config.empty()) {
     const nlohmann::json config = read_json_file(args.config);
+    if (!(config.is_object() && config.contains("batch_sizes"))) refuse_batch_size(args.config);
     if (config.is_object() && config.contains("tokenizers"))
       return bench_tokenizers(args, ConfigObject(config, args.config, kTokenizerBenchKeys), data_override);
     if (config.is_object() && config.contains("reuse_tasks"))
@@ -706,6 +714,7 @@ int run_bench(const BenchArgs& args, const std::string& data_override) {
       return bench_batch(args, ConfigObject(config, args.config, kBatchBenchKeys), data_override);
     return bench_policies(args, ConfigObject(config, args.config, kPolicyBenchKeys));
   }
+  refuse_batch_size("the generate benchmark (no --config)");
   auto t0 = Clock::now();
   auto model = Model::load(args.model, args.runtime.options);
   const double load = seconds_since(t0);
