@@ -232,6 +232,8 @@ enum class ScoreRecipe {
   Position,           // score = the slot's position: the newest stay (local, streamingllm)
   AttentionSum,       // value += the group-reduced attention of each query; score = value (h2o)
   NegativeKeyNorm,    // value = the key's L2 norm rounded to 12 significant bits; score = -value (knorm)
+  LatestAttention,    // value = the group-reduced attention of the latest query; score = value (tova)
+  PositionDraw,       // value = position_value(layer, KV head, position), on the host; score = value (random)
 };
 
 class ScoredPolicy : public RealisablePolicy {
@@ -253,6 +255,8 @@ class ScoredPolicy : public RealisablePolicy {
   virtual bool shared_across_heads() const { return false; }
   // The functions above as data, where one recipe states them (ScoreRecipe).
   virtual ScoreRecipe score_recipe() const { return ScoreRecipe::None; }
+  // ScoreRecipe::PositionDraw: a slot's value, a function of where it is alone.
+  virtual float position_value(int layer, int kv_head, int position) const { return 0; }
   // How a KV head's query group's attention becomes one row (the group_reduce parameter).
   GroupReduce group_reduce() const;
 };

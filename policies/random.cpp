@@ -20,14 +20,17 @@ class RandomPolicy : public ScoredPolicy {
   std::string name() const override { return "random"; }
   std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kSeed}; }
   void on_append(HeadSlots& head, float* slot, int position, float) const override {
-    uint64_t h = splitmix64(seed_ ^ splitmix64((uint64_t(head.layer) << 40) ^
-                                                       (uint64_t(head.kv_head) << 32) ^
-                                                       uint64_t(position)));
-    slot[0] = static_cast<float>(h >> 40) / static_cast<float>(1ULL << 24);
+    slot[0] = position_value(head.layer, head.kv_head, position);
+  }
+  float position_value(int layer, int kv_head, int position) const override {
+    const uint64_t h = splitmix64(seed_ ^ splitmix64((uint64_t(layer) << 40) ^ (uint64_t(kv_head) << 32) ^
+                                                     uint64_t(position)));
+    return static_cast<float>(h >> 40) / static_cast<float>(1ULL << 24);
   }
   void score(const HeadSlots& head, float* out) const override {
     for (size_t s = 0; s < head.positions.size(); ++s) out[s] = head.values[s];
   }
+  ScoreRecipe score_recipe() const override { return ScoreRecipe::PositionDraw; }
 
  private:
   const uint64_t seed_ = options_.params.seed(kSeed);

@@ -16,6 +16,7 @@ class TovaPolicy : public ScoredPolicy {
   void score(const HeadSlots& head, float* out) const override {
     for (size_t s = 0; s < head.positions.size(); ++s) out[s] = head.values[s];
   }
+  ScoreRecipe score_recipe() const override { return ScoreRecipe::LatestAttention; }
 };
 }  // namespace
 

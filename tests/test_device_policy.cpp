@@ -56,6 +56,8 @@ TEST_CASE("the device policy path keeps the host driver's slots and gives its at
       {"h2o", 20, 0, 0, "mean"},          {"h2o", 20, 30, 0, "max"},   {"h2o", 33, 1, 12, "mean"},
       {"local", 16, 0, 0, "mean"},        {"local", 16, 25, 7, "mean"}, {"streamingllm", 18, 0, 0, "mean"},
       {"streamingllm", 18, 40, 0, "max"}, {"knorm", 24, 0, 0, "mean"}, {"knorm", 24, 35, 9, "mean"},
+      {"tova", 20, 0, 0, "mean"},         {"tova", 22, 30, 10, "max"}, {"random", 20, 0, 0, "mean"},
+      {"random", 26, 35, 8, "mean"},
   };
   for (const Case& c : cases) {
     INFO(c.policy << " budget " << c.budget << " prefill " << c.prefill << " window " << c.window << " " << c.reduce);
@@ -104,9 +106,8 @@ TEST_CASE("the device policy path keeps the host driver's slots and gives its at
 
 TEST_CASE("the device policy path refuses what it cannot run", "[device-policy]") {
   const SequenceShape shape = test::sequence_shape(64, 0, 4, 2);
-  CHECK_FALSE(DeviceScoredLayer::make(*policy_with("tova", 16), 0, shape, 0));        // one decision per layer
-  CHECK_FALSE(DeviceScoredLayer::make(*policy_with("random", 16), 0, shape, 0));      // no recipe
-  CHECK_FALSE(DeviceScoredLayer::make(*policy_with("scissorhands", 16), 0, shape, 0));
+  CHECK_FALSE(DeviceScoredLayer::make(*policy_with("scissorhands", 16), 0, shape, 0));  // no recipe
+  CHECK_FALSE(DeviceScoredLayer::make(*policy_with("snapkv", 16), 0, shape, 0));
   PolicyOptions ada;
   ada.budget.tokens = 16;
   CHECK_FALSE(DeviceScoredLayer::make(*make_policy("ada+h2o", ada), 0, shape, 0));
@@ -117,7 +118,7 @@ TEST_CASE("a decode cache on the device policy path gives the host path's log-pr
   const Model& model = test::stories();
   const std::vector<int> tokens = test::golden_tokens();
   const int T = static_cast<int>(tokens.size());
-  for (const std::string name : {"h2o", "local", "streamingllm", "knorm"}) {
+  for (const std::string name : {"h2o", "local", "streamingllm", "knorm", "tova", "random"}) {
     for (const int prefill : {0, 50}) {
       INFO(name << " prefill " << prefill);
       const auto policy = policy_with(name, 40);
@@ -158,7 +159,7 @@ TEST_CASE("a teacher-forced pass on the device policy path gives the host path's
   const Model& model = test::stories();
   const std::vector<int> tokens = test::golden_tokens();
   const int T = static_cast<int>(tokens.size());
-  for (const std::string name : {"h2o", "local", "streamingllm", "knorm"}) {
+  for (const std::string name : {"h2o", "local", "streamingllm", "knorm", "tova", "random"}) {
     for (const int prefill : {0, 50}) {
       INFO(name << " prefill " << prefill);
       const auto policy = policy_with(name, 40);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "harness/common/errors.h"
 
@@ -20,13 +21,14 @@ torch::Tensor rounded_norms(const torch::Tensor& norms) {
 std::unique_ptr<DeviceScoredLayer> DeviceScoredLayer::make(const Policy& policy, int layer, const SequenceShape& shape,
                                                            int64_t sliding_window) {
   const auto* scored = dynamic_cast<const ScoredPolicy*>(policy.as_realisable());
-  if (!scored || scored->score_recipe() == ScoreRecipe::None || scored->shared_across_heads() ||
-      policy.options().kv_quant.enabled())
-    return nullptr;
+  if (!scored || scored->score_recipe() == ScoreRecipe::None || policy.options().kv_quant.enabled()) return nullptr;
   const Budget budget = policy.layer_budget(layer, shape);
   if (budget.unlimited) return nullptr;
   std::unique_ptr<DeviceScoredLayer> made(new DeviceScoredLayer());
+  made->policy_ = scored;
   made->recipe_ = scored->score_recipe();
+  made->shared_ = scored->shared_across_heads();
+  made->layer_ = layer;
   made->reduce_ = scored->group_reduce();
   made->budget_ = budget;
   made->group_ = shape.group();
@@ -60,9 +62,19 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
 
   // 1. The queries' own keys enter as the newest slots.
   const auto new_positions = torch::arange(first, first + rows, longs).unsqueeze(0).expand({n_kv_, rows});
-  const auto new_values = recipe_ == ScoreRecipe::NegativeKeyNorm
-                              ? rounded_norms(key_norms.to(device, torch::kFloat32).t())
-                              : torch::zeros({n_kv_, rows}, longs.dtype(torch::kFloat32));
+  torch::Tensor new_values;
+  if (recipe_ == ScoreRecipe::NegativeKeyNorm) {
+    new_values = rounded_norms(key_norms.to(device, torch::kFloat32).t());
+  } else if (recipe_ == ScoreRecipe::PositionDraw) {
+    std::vector<float> draws(static_cast<size_t>(n_kv_ * rows));  // [Hkv][rows]
+    for (int h = 0; h < n_kv_; ++h)
+      for (int64_t r = 0; r < rows; ++r)
+        draws[h * rows + r] = policy_->position_value(layer_, h, static_cast<int>(first + r));
+    // A copy: on the CPU, .to() alone would keep a view of this function's vector.
+    new_values = torch::from_blob(draws.data(), {n_kv_, rows}, torch::kFloat32).clone().to(device);
+  } else {
+    new_values = torch::zeros({n_kv_, rows}, longs.dtype(torch::kFloat32));
+  }
   positions_ = slots_ > 0 ? torch::cat({positions_, new_positions}, 1) : new_positions.contiguous();
   values_ = slots_ > 0 ? torch::cat({values_, new_values}, 1) : new_values.contiguous();
   slots_ = n;
@@ -88,7 +100,7 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
 
   // 4. The policy observes each query's attention, reduced over the group head by head
   // and added one query at a time, in float32 (reduce_group, ScoredSlots::observe).
-  if (recipe_ == ScoreRecipe::AttentionSum) {
+  if (recipe_ == ScoreRecipe::AttentionSum || recipe_ == ScoreRecipe::LatestAttention) {
     const auto observed = probs.to(torch::kFloat32);  // [Hkv, g, rows, n]
     auto reduced = torch::zeros({n_kv_, rows, n}, observed.options());
     for (int j = 0; j < group_; ++j) {
@@ -96,7 +108,10 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
       reduced = reduce_ == GroupReduce::Max ? torch::maximum(reduced, member) : reduced + member;
     }
     if (reduce_ == GroupReduce::Mean) reduced = reduced / static_cast<float>(group_);
-    for (int64_t r = 0; r < rows; ++r) values_ = values_ + reduced.select(1, r);
+    if (recipe_ == ScoreRecipe::LatestAttention)
+      values_ = reduced.select(1, rows - 1).contiguous();  // each query replaces the last's
+    else
+      for (int64_t r = 0; r < rows; ++r) values_ = values_ + reduced.select(1, r);
   }
 
   // 5. After the prefill, the budget: the sinks and the recent window stay, the highest
@@ -113,9 +128,18 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
     torch::Tensor scores;
     switch (recipe_) {
       case ScoreRecipe::Position: scores = positions_.to(torch::kFloat32); break;
-      case ScoreRecipe::AttentionSum: scores = values_; break;
+      case ScoreRecipe::AttentionSum:
+      case ScoreRecipe::LatestAttention:
+      case ScoreRecipe::PositionDraw: scores = values_; break;
       case ScoreRecipe::NegativeKeyNorm: scores = values_.neg(); break;
       case ScoreRecipe::None: throw Error("internal: a device policy layer without a recipe");
+    }
+    if (shared_) {
+      // One decision for the layer: the heads' scores averaged slot by slot, each divided
+      // by the head count and added in head order (SharedScores).
+      auto average = torch::zeros({1, n}, scores.options());
+      for (int h = 0; h < n_kv_; ++h) average = average + scores.narrow(0, h, 1) / static_cast<float>(n_kv_);
+      scores = average.expand({n_kv_, n});
     }
     // Newest candidate first, then a stable sort by score: ties keep the newer slot.
     const auto candidates = scores.narrow(1, n_sink, n_candidates).flip(1);

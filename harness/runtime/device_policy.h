@@ -13,6 +13,10 @@
 // sets equal the host path's (tests/test_device_policy.cpp); the host path stays the
 // reference and runs every policy without a recipe, Ada-KV, shared decisions, static
 // patterns, KIVI and DMC.
+//
+// Recipes: Position (local, streamingllm), AttentionSum (h2o), NegativeKeyNorm (knorm),
+// LatestAttention (tova, its heads sharing one decision), PositionDraw (random: each
+// slot's draw computed on the host from its position and uploaded with it).
 #pragma once
 #include "harness/model/tensor.h"
 
@@ -25,8 +29,9 @@ namespace kvevict {
 
 class DeviceScoredLayer {
  public:
-  // Null when the policy cannot run here: not a scored policy with a ScoreRecipe, a
-  // decision shared by the layer's heads, or an unlimited budget (nothing to evict).
+  // Null when the policy cannot run here: not a scored policy with a ScoreRecipe, KIVI,
+  // or an unlimited budget (nothing to evict). A decision shared by the layer's heads
+  // (tova) is made once from the heads' averaged scores, as SharedScores does.
   static std::unique_ptr<DeviceScoredLayer> make(const Policy& policy, int layer, const SequenceShape& shape,
                                                  int64_t sliding_window);
 
@@ -53,7 +58,10 @@ class DeviceScoredLayer {
 
  private:
   DeviceScoredLayer() = default;
+  const ScoredPolicy* policy_ = nullptr;
   ScoreRecipe recipe_ = ScoreRecipe::None;
+  bool shared_ = false;
+  int layer_ = 0;
   GroupReduce reduce_ = GroupReduce::Mean;
   Budget budget_;
   int group_ = 1;
