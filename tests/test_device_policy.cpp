@@ -3,6 +3,7 @@
 // the same slots at every step, model-free and through a real model's decode cache, on
 // the CPU device.
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,24 @@ struct Case {
   int64_t window;
   std::string reduce;
 };
+
+// Each policy with a recipe at a 40-token budget over stories260K, with no prefill and
+// with a 50-token one.
+void for_each_model_case(const Model& model, int length,
+                         const std::function<void(const Policy&, const SequenceShape&)>& check) {
+  for (const std::string name : {"h2o", "local", "streamingllm", "knorm", "tova", "random"})
+    for (const int prefill : {0, 50}) {
+      INFO(name << " prefill " << prefill);
+      const auto policy = policy_with(name, 40);
+      check(*policy, shape_for(model, length, prefill));
+    }
+}
+
+void check_same_stats(const KvStats& device, const KvStats& host, int layer) {
+  CHECK(device.kept_per_head[layer] == host.kept_per_head[layer]);
+  CHECK(device.max_per_layer[layer] == host.max_per_layer[layer]);
+  CHECK(device.visible_per_layer[layer] == host.visible_per_layer[layer]);
+}
 
 }  // namespace
 
@@ -118,40 +137,33 @@ TEST_CASE("a decode cache on the device policy path gives the host path's log-pr
   const Model& model = test::stories();
   const std::vector<int> tokens = test::golden_tokens();
   const int T = static_cast<int>(tokens.size());
-  for (const std::string name : {"h2o", "local", "streamingllm", "knorm", "tova", "random"}) {
-    for (const int prefill : {0, 50}) {
-      INFO(name << " prefill " << prefill);
-      const auto policy = policy_with(name, 40);
-      const SequenceShape shape = shape_for(model, T, prefill);
-      CacheAttention host(model, *policy, shape), device(model, *policy, shape);
-      device.use_device_policy_path(true);
-      std::vector<double> host_logprobs, device_logprobs;
-      int64_t next = 0;
-      while (next < T) {
-        const int64_t t = next == 0 && prefill > 1 ? prefill : 1;
-        const std::vector<int> piece(tokens.begin() + next, tokens.begin() + next + t);
-        const auto a = torch::log_softmax(model.forward(piece, next, host).to(torch::kFloat64), -1);
-        const auto b = torch::log_softmax(model.forward(piece, next, device).to(torch::kFloat64), -1);
-        for (int64_t r = 0; r < t && next + r + 1 < T; ++r) {
-          host_logprobs.push_back(a[r][tokens[next + r + 1]].item<double>());
-          device_logprobs.push_back(b[r][tokens[next + r + 1]].item<double>());
-        }
-        next += t;
+  for_each_model_case(model, T, [&](const Policy& policy, const SequenceShape& shape) {
+    CacheAttention host(model, policy, shape), device(model, policy, shape);
+    device.use_device_policy_path(true);
+    std::vector<double> host_logprobs, device_logprobs;
+    int64_t next = 0;
+    while (next < T) {
+      const int64_t t = next == 0 && shape.prefill_len > 1 ? shape.prefill_len : 1;
+      const std::vector<int> piece(tokens.begin() + next, tokens.begin() + next + t);
+      const auto a = torch::log_softmax(model.forward(piece, next, host).to(torch::kFloat64), -1);
+      const auto b = torch::log_softmax(model.forward(piece, next, device).to(torch::kFloat64), -1);
+      for (int64_t r = 0; r < t && next + r + 1 < T; ++r) {
+        host_logprobs.push_back(a[r][tokens[next + r + 1]].item<double>());
+        device_logprobs.push_back(b[r][tokens[next + r + 1]].item<double>());
       }
-      // The same slots, in other cache rows: the host moves each kept row into a freed row
-      // below it, this path gathers them in slot order, so the values are summed in another
-      // order (measured: at most 6.7e-6 over these cases).
-      CHECK(test::max_diff(host_logprobs, device_logprobs) <= 2e-5);
-      for (int layer = 0; layer < shape.n_layers; ++layer) {
-        INFO("layer " << layer);
-        CHECK(device.kept_positions(layer) == host.kept_positions(layer));
-        CHECK(device.stats().kept_per_head[layer] == host.stats().kept_per_head[layer]);
-        CHECK(device.stats().max_per_layer[layer] == host.stats().max_per_layer[layer]);
-        CHECK(device.stats().visible_per_layer[layer] == host.stats().visible_per_layer[layer]);
-      }
-      CHECK(device.stats().peak_bytes == host.stats().peak_bytes);
+      next += t;
     }
-  }
+    // The same slots, in other cache rows: the host moves each kept row into a freed row
+    // below it, this path gathers them in slot order, so the values are summed in another
+    // order (measured: at most 6.7e-6 over these cases).
+    CHECK(test::max_diff(host_logprobs, device_logprobs) <= 2e-5);
+    for (int layer = 0; layer < shape.n_layers; ++layer) {
+      INFO("layer " << layer);
+      CHECK(device.kept_positions(layer) == host.kept_positions(layer));
+      check_same_stats(device.stats(), host.stats(), layer);
+    }
+    CHECK(device.stats().peak_bytes == host.stats().peak_bytes);
+  });
 }
 
 TEST_CASE("a teacher-forced pass on the device policy path gives the host path's log-probs and kept slots",
@@ -159,29 +171,22 @@ TEST_CASE("a teacher-forced pass on the device policy path gives the host path's
   const Model& model = test::stories();
   const std::vector<int> tokens = test::golden_tokens();
   const int T = static_cast<int>(tokens.size());
-  for (const std::string name : {"h2o", "local", "streamingllm", "knorm", "tova", "random"}) {
-    for (const int prefill : {0, 50}) {
-      INFO(name << " prefill " << prefill);
-      const auto policy = policy_with(name, 40);
-      const SequenceShape shape = shape_for(model, T, prefill);
-      SimAttention host(model, *policy, shape), device(model, *policy, shape);
-      device.use_device_policy_path(true);
-      const auto a = torch::log_softmax(model.forward(tokens, 0, host).to(torch::kFloat64), -1);
-      const auto b = torch::log_softmax(model.forward(tokens, 0, device).to(torch::kFloat64), -1);
-      std::vector<double> host_logprobs, device_logprobs;
-      for (int i = 0; i + 1 < T; ++i) {
-        host_logprobs.push_back(a[i][tokens[i + 1]].item<double>());
-        device_logprobs.push_back(b[i][tokens[i + 1]].item<double>());
-      }
-      // The same attention at the same columns: the same numbers.
-      CHECK(test::max_diff(host_logprobs, device_logprobs) == 0.0);
-      for (int layer = 0; layer < shape.n_layers; ++layer) {
-        INFO("layer " << layer);
-        CHECK(device.stats().kept_per_head[layer] == host.stats().kept_per_head[layer]);
-        CHECK(device.stats().max_per_layer[layer] == host.stats().max_per_layer[layer]);
-        CHECK(device.stats().visible_per_layer[layer] == host.stats().visible_per_layer[layer]);
-      }
-      CHECK(device.stats().peak_bytes == host.stats().peak_bytes);
+  for_each_model_case(model, T, [&](const Policy& policy, const SequenceShape& shape) {
+    SimAttention host(model, policy, shape), device(model, policy, shape);
+    device.use_device_policy_path(true);
+    const auto a = torch::log_softmax(model.forward(tokens, 0, host).to(torch::kFloat64), -1);
+    const auto b = torch::log_softmax(model.forward(tokens, 0, device).to(torch::kFloat64), -1);
+    std::vector<double> host_logprobs, device_logprobs;
+    for (int i = 0; i + 1 < T; ++i) {
+      host_logprobs.push_back(a[i][tokens[i + 1]].item<double>());
+      device_logprobs.push_back(b[i][tokens[i + 1]].item<double>());
     }
-  }
+    // The same attention at the same columns: the same numbers.
+    CHECK(test::max_diff(host_logprobs, device_logprobs) == 0.0);
+    for (int layer = 0; layer < shape.n_layers; ++layer) {
+      INFO("layer " << layer);
+      check_same_stats(device.stats(), host.stats(), layer);
+    }
+    CHECK(device.stats().peak_bytes == host.stats().peak_bytes);
+  });
 }

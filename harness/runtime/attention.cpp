@@ -177,6 +177,18 @@ void reserve_rows(torch::Tensor& buffer, int64_t used, int64_t rows) {
   buffer = grown;
 }
 
+// A policy cache's key and value buffers [Hkv, capacity, d] made (zeroed, for new keys
+// k and values v [t, Hkv, d]) or grown so that they hold `rows` rows, the first `used` kept.
+void hold_rows(torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& k, const torch::Tensor& v,
+               int64_t used, int64_t rows) {
+  if (!keys.defined()) {
+    keys = torch::zeros({k.size(1), std::max<int64_t>(rows, 16), k.size(2)}, k.options());
+    values = torch::zeros({v.size(1), std::max<int64_t>(rows, 16), v.size(2)}, v.options());
+  }
+  reserve_rows(keys, used, rows);
+  reserve_rows(values, used, rows);
+}
+
 // The L2 norms of the new keys k [t, Hkv, d], as the policies read them: [t, Hkv].
 torch::Tensor key_norms(const torch::Tensor& k) { return k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous(); }
 
@@ -851,12 +863,7 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
   const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
   check_block(start, t);
   const int64_t n_prev = driver.max_slots(), n = n_prev + t;
-  if (!cache.key_buffer.defined()) {
-    cache.key_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, k.options());
-    cache.value_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, v.options());
-  }
-  reserve_rows(cache.key_buffer, n_prev, n);
-  reserve_rows(cache.value_buffer, n_prev, n);
+  hold_rows(cache.key_buffer, cache.value_buffer, k, v, n_prev, n);
   // Head h's new keys go to rows slots(h) .. slots(h)+t-1 (where the driver puts them).
   const auto new_keys = k.permute({1, 0, 2}), new_values = v.permute({1, 0, 2});  // [Hkv, t, d]
   bool uniform = true;
@@ -932,12 +939,7 @@ torch::Tensor CacheAttention::attend_on_device(LayerCache& cache, int layer, con
   const int64_t t = q.size(0), n_kv = k.size(1), d = q.size(2);
   check_block(start, t);
   const int64_t n_prev = policy.slots(), n = n_prev + t;
-  if (!cache.key_buffer.defined()) {
-    cache.key_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, k.options());
-    cache.value_buffer = torch::zeros({n_kv, std::max<int64_t>(n, 16), d}, v.options());
-  }
-  reserve_rows(cache.key_buffer, n_prev, n);
-  reserve_rows(cache.value_buffer, n_prev, n);
+  hold_rows(cache.key_buffer, cache.value_buffer, k, v, n_prev, n);
   cache.key_buffer.narrow(1, n_prev, t).copy_(k.permute({1, 0, 2}));
   cache.value_buffer.narrow(1, n_prev, t).copy_(v.permute({1, 0, 2}));
   const auto norms = k.to(torch::kFloat32).norm(2, -1);  // [t, Hkv], where k is
