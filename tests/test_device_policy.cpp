@@ -42,6 +42,7 @@ struct Case {
   int budget, prefill;
   int64_t window;
   std::string reduce;
+  int length = 0;  // the shape's length (0: the steps run); random's draw table starts there
 };
 
 // Each policy with a recipe at a 40-token budget over stories260K, with no prefill and
@@ -76,12 +77,12 @@ TEST_CASE("the device policy path keeps the host driver's slots and gives its at
       {"local", 16, 0, 0, "mean"},        {"local", 16, 25, 7, "mean"}, {"streamingllm", 18, 0, 0, "mean"},
       {"streamingllm", 18, 40, 0, "max"}, {"knorm", 24, 0, 0, "mean"}, {"knorm", 24, 35, 9, "mean"},
       {"tova", 20, 0, 0, "mean"},         {"tova", 22, 30, 10, "max"}, {"random", 20, 0, 0, "mean"},
-      {"random", 26, 35, 8, "mean"},
+      {"random", 26, 35, 8, "mean"},     {"random", 20, 0, 0, "mean", 7},  // its table grows by doubling
   };
   for (const Case& c : cases) {
     INFO(c.policy << " budget " << c.budget << " prefill " << c.prefill << " window " << c.window << " " << c.reduce);
     const auto policy = policy_with(c.policy, c.budget, c.reduce);
-    SequenceShape shape = test::sequence_shape(T, c.prefill, n_q, n_kv);
+    SequenceShape shape = test::sequence_shape(c.length > 0 ? c.length : T, c.prefill, n_q, n_kv);
     PolicyDriver host(*policy->as_realisable(), 0, shape, c.window, SlotColumns::Positions);
     auto device = DeviceScoredLayer::make(*policy, 0, shape, c.window);
     REQUIRE(device);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <vector>
 
 #include "harness/common/errors.h"
 
@@ -29,6 +28,7 @@ std::unique_ptr<DeviceScoredLayer> DeviceScoredLayer::make(const Policy& policy,
   made->recipe_ = scored->score_recipe();
   made->shared_ = scored->shared_across_heads();
   made->layer_ = layer;
+  made->length_ = shape.length;
   made->reduce_ = scored->group_reduce();
   made->budget_ = budget;
   made->group_ = shape.group();
@@ -66,12 +66,17 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
   if (recipe_ == ScoreRecipe::NegativeKeyNorm) {
     new_values = rounded_norms(key_norms.to(device, torch::kFloat32).t());
   } else if (recipe_ == ScoreRecipe::PositionDraw) {
-    std::vector<float> draws(static_cast<size_t>(n_kv_ * rows));  // [Hkv][rows]
-    for (int h = 0; h < n_kv_; ++h)
-      for (int64_t r = 0; r < rows; ++r)
-        draws[h * rows + r] = policy_->position_value(layer_, h, static_cast<int>(first + r));
-    // A copy: on the CPU, .to() alone would keep a view of this function's vector.
-    new_values = torch::from_blob(draws.data(), {n_kv_, rows}, torch::kFloat32).clone().to(device);
+    // The draws of positions 0 .. capacity-1, computed on the host and uploaded once per
+    // doubling, not once per step.
+    if (!draws_.defined() || first + rows > draws_.size(1)) {
+      const int64_t capacity = std::max<int64_t>({first + rows, length_, draws_.defined() ? 2 * draws_.size(1) : 0});
+      auto table = torch::empty({n_kv_, capacity}, torch::kFloat32);
+      float* out = table.data_ptr<float>();
+      for (int h = 0; h < n_kv_; ++h)
+        for (int64_t p = 0; p < capacity; ++p) out[h * capacity + p] = policy_->position_value(layer_, h, static_cast<int>(p));
+      draws_ = table.to(device);
+    }
+    new_values = draws_.narrow(1, first, rows);
   } else {
     new_values = torch::zeros({n_kv_, rows}, longs.dtype(torch::kFloat32));
   }

@@ -15,8 +15,8 @@
 // patterns, KIVI and DMC.
 //
 // Recipes: Position (local, streamingllm), AttentionSum (h2o), NegativeKeyNorm (knorm),
-// LatestAttention (tova, its heads sharing one decision), PositionDraw (random: each
-// slot's draw computed on the host from its position and uploaded with it).
+// LatestAttention (tova, its heads sharing one decision), PositionDraw (random: the
+// draws computed on the host from the positions, uploaded as a table once per doubling).
 #pragma once
 #include "harness/model/tensor.h"
 
@@ -62,6 +62,8 @@ class DeviceScoredLayer {
   ScoreRecipe recipe_ = ScoreRecipe::None;
   bool shared_ = false;
   int layer_ = 0;
+  int64_t length_ = 0;       // the sequence's length (ScoreRecipe::PositionDraw's first table)
+  torch::Tensor draws_;      // PositionDraw: [Hkv, capacity] float32, position p's draw at column p
   GroupReduce reduce_ = GroupReduce::Mean;
   Budget budget_;
   int group_ = 1;
