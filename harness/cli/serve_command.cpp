@@ -23,7 +23,10 @@ namespace {
 
 struct ServeArgs {
   std::string model, mode = "sim", protocol = "stream", host = "127.0.0.1", port_file, api_key;
+  std::vector<std::string> allowed_hosts;
   int port = 8000, workers = 0, max_queue = 64;  // workers 0: the batch size
+  int max_connections = 1024;
+  double request_timeout = 10;  // seconds
   int batch_size = 0;                             // 0: default_batch_size()
   server::RequestLimits limits;
   RuntimeFlags runtime;
@@ -46,10 +49,25 @@ void add_serve_flags(CLI::App& cmd, ServeArgs& a) {
                  "policy state (default: chosen from the model and the machine, as eval's); no number depends on it")
       ->check(cli::at_least(1));
   cmd.add_option("--workers", a.workers, "requests computed at once, one shared model (default: the batch size)")
-      ->check(cli::at_least(1));
+      ->check(CLI::Range(1, server::kMaxWorkers));
   cmd.add_option("--max-queue", a.max_queue, "requests that may wait for a worker; more get 503")
-      ->check(cli::at_least(0))->capture_default_str();
-  cmd.add_option("--api-key", a.api_key, "require \"Authorization: Bearer KEY\"");
+      ->check(CLI::Range(0, server::kMaxQueue))->capture_default_str();
+  cmd.add_option("--max-connections", a.max_connections,
+                 "open connections held at once (each a buffer, not a thread, until its request is whole); more get 503")
+      ->check(CLI::Range(1, server::kMaxConnections))->capture_default_str();
+  cmd.add_option("--request-timeout", a.request_timeout,
+                 "seconds a request's head and body may take to arrive, from its first byte; later: 408")
+      ->check(cli::finite_range(0.1, 3600))->capture_default_str();
+  cmd.add_option("--api-key", a.api_key, "require \"Authorization: Bearer KEY\"")
+      ->check(CLI::Validator(
+          [](std::string& key) -> std::string {
+            return key.empty() ? "is empty (an unset variable?): give a key, or leave the flag out to serve without one"
+                               : "";
+          },
+          "KEY"));
+  cmd.add_option("--allowed-host", a.allowed_hosts,
+                 "a name the Host and Origin headers may carry (repeatable; default: the loopback names when bound "
+                 "to loopback, any otherwise); others get 403, which stops web pages and rebound DNS names");
   cmd.add_option("--max-body-bytes", a.limits.max_body_bytes, "largest request body")->check(cli::at_least(1))->capture_default_str();
   cmd.add_option("--max-prompts", a.limits.max_prompts, "prompts per request")->check(cli::at_least(1))->capture_default_str();
   cmd.add_option("--max-tokens-limit", a.limits.max_tokens, "largest max_tokens a request may ask")
@@ -91,6 +109,9 @@ int run_serve(ServeArgs& a, const Invocation& at) {
   options.workers = a.workers > 0 ? a.workers : settings.batch_size;
   options.max_queue = a.max_queue;
   options.api_key = a.api_key;
+  options.allowed_hosts = a.allowed_hosts;
+  options.max_connections = a.max_connections;
+  options.request_timeout_ms = static_cast<int>(a.request_timeout * 1000);
   options.model_name = std::filesystem::path(a.model).filename().string();
   if (options.model_name.empty()) options.model_name = std::filesystem::path(a.model).parent_path().filename().string();
   std::mutex log_mutex;
@@ -116,6 +137,10 @@ int run_serve(ServeArgs& a, const Invocation& at) {
   });
 
   if (!a.port_file.empty()) write_file_atomically(a.port_file, std::to_string(port) + "\n");
+  if (!server::is_loopback_host(a.host))
+    std::cerr << "warning: --host " << a.host << " accepts connections from other machines"
+              << (a.api_key.empty() ? ", without an API key (--api-key): anyone who reaches it may use the server" : "")
+              << (a.allowed_hosts.empty() ? "; any Host or Origin header is accepted (--allowed-host)" : "") << std::endl;
   std::cerr << "listening on http://" << a.host << ":" << port << std::endl;
   server.serve();
   // serve() also returns when listening fails; wake the stopper either way.

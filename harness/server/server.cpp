@@ -1,20 +1,30 @@
 #include "harness/server/server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
+#include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
+#include <type_traits>
 
 #include "harness/common/errors.h"
+#include "harness/server/connection_gate.h"
 
 namespace kvevict::server {
 
@@ -76,6 +86,171 @@ class AdmissionTicket {
   bool running_ = false;
 };
 
+// A request the gate read whole, as httplib's parser reads it: its bytes, then the
+// connection's socket for the answer (each write bounded by the write timeout).
+class WholeRequestStream final : public httplib::Stream {
+ public:
+  WholeRequestStream(int fd, std::string request, int write_timeout_ms)
+      : fd_(fd), request_(std::move(request)), write_timeout_ms_(write_timeout_ms) {}
+  bool is_readable() const override { return position_ < request_.size(); }
+  bool is_writable() const override {
+    pollfd p{fd_, POLLOUT, 0};
+    return ::poll(&p, 1, write_timeout_ms_) > 0 && (p.revents & (POLLERR | POLLHUP | POLLNVAL)) == 0;
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, request_.size() - position_);
+    std::memcpy(ptr, request_.data() + position_, n);
+    position_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  using httplib::Stream::write;
+  ssize_t write(const char* ptr, size_t size) override {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(write_timeout_ms_);
+    size_t sent = 0;
+    while (sent < size) {
+      const ssize_t n = ::send(fd_, ptr + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{fd_, POLLOUT, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) return -1;  // the client stopped reading
+    }
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(::getpeername, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(::getsockname, ip, port); }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  void address(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
+    sockaddr_storage storage{};
+    socklen_t length = sizeof storage;
+    ip.clear();
+    port = 0;
+    if (get(fd_, reinterpret_cast<sockaddr*>(&storage), &length) != 0) return;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (storage.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&storage);
+      ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+      port = ntohs(in->sin_port);
+    } else if (storage.ss_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
+      ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+      port = ntohs(in6->sin6_port);
+    }
+    ip = text;
+  }
+  int fd_;
+  std::string request_;
+  size_t position_ = 0;
+  int write_timeout_ms_;
+};
+
+// httplib's server with its connection handling replaced: each accepted socket goes to the
+// gate, and each whole request the gate reads is parsed, routed and answered by answer()
+// on a worker (httplib's own parser, routes and response writer).
+class GatedHttpServer final : public httplib::Server {
+ public:
+  std::function<void(int)> on_accept;
+  // False: the connection must be closed (its answer could not be written, or it asked).
+  bool answer(httplib::Stream& stream, bool& connection_closed) {
+    return answer_with(*this, stream, connection_closed, 0);
+  }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    on_accept(sock);
+    return true;
+  }
+  // httplib 0.18 passes the peer's address in; 0.11 asks the stream.
+  template <typename Self>
+  static auto answer_with(Self& self, httplib::Stream& stream, bool& closed, int)
+      -> decltype(self.process_request(stream, std::string(), 0, std::string(), 0, false, closed, nullptr)) {
+    std::string remote_ip, local_ip;
+    int remote_port = 0, local_port = 0;
+    stream.get_remote_ip_and_port(remote_ip, remote_port);
+    stream.get_local_ip_and_port(local_ip, local_port);
+    return self.process_request(stream, remote_ip, remote_port, local_ip, local_port, false, closed, nullptr);
+  }
+  template <typename Self>
+  static auto answer_with(Self& self, httplib::Stream& stream, bool& closed, long)
+      -> decltype(self.process_request(stream, false, closed, nullptr)) {
+    return self.process_request(stream, false, closed, nullptr);
+  }
+};
+
+// httplib's accept loop hands each socket straight on (to the gate) on its own thread.
+using EnqueueResult = decltype(std::declval<httplib::TaskQueue&>().enqueue(std::function<void()>()));
+class HandOnQueue final : public httplib::TaskQueue {
+ public:
+  EnqueueResult enqueue(std::function<void()> task) override {
+    task();
+    return static_cast<EnqueueResult>(true);
+  }
+  void shutdown() override {}
+};
+
+// Threads for whole requests, made when a request finds none idle, up to `most`.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int most) : most_(most) {}
+  ~WorkerPool() { finish(); }
+  // False when no thread can take it (none could be made).
+  bool submit(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finishing_) return false;
+    jobs_.push_back(std::move(job));
+    if (idle_ == 0 && static_cast<int>(threads_.size()) < most_) {
+      try {
+        threads_.emplace_back([this] { work(); });
+      } catch (const std::system_error&) {
+        if (threads_.empty()) {
+          jobs_.pop_back();
+          return false;
+        }
+      }
+    }
+    ready_.notify_one();
+    return true;
+  }
+  // Runs the jobs queued, then joins every thread.
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      finishing_ = true;
+    }
+    ready_.notify_all();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ++idle_;
+      ready_.wait(lock, [&] { return finishing_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) return;
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  int most_, idle_ = 0;
+  bool finishing_ = false;
+};
+
 struct Metrics {
   std::atomic<long long> requests{0}, errors{0}, rejected{0}, tokens_scored{0}, tokens_generated{0};
   std::mutex mutex;
@@ -112,6 +287,23 @@ json logprobs_json(const Choice& c) {
   return json{{"tokens", c.tokens}, {"token_logprobs", values}, {"top_logprobs", top}, {"text_offset", c.text_offset}};
 }
 
+// A header value as an error message quotes it: printable ASCII, at most 80 characters.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < 80; ++i) out += (text[i] >= 0x20 && text[i] < 0x7f) ? text[i] : '?';
+  return out;
+}
+
+// The host of a Host header or an Origin's authority ("name", "name:port", "[v6]:port",
+// "name/path"), lower-cased, brackets and port removed.
+std::string host_name_of(std::string text) {
+  text = text.substr(0, text.find('/'));
+  for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!text.empty() && text.front() == '[') return text.substr(1, text.find(']') == std::string::npos ? std::string::npos : text.find(']') - 1);
+  if (std::count(text.begin(), text.end(), ':') == 1) text = text.substr(0, text.find(':'));
+  return text;
+}
+
 std::string completion_id() {
   static std::atomic<long long> next{0};
   return "cmpl-kvevict-" + std::to_string(++next);
@@ -123,13 +315,52 @@ struct Server::Impl {
   const Completer& completer;
   ServerOptions options;
   LogLine log;
-  httplib::Server http;
+  GatedHttpServer http;
   Admission admission;
   Metrics metrics;
-  std::string host;
+  WorkerPool pool;
+  std::unique_ptr<ConnectionGate> gate;
 
   Impl(const Completer& c, ServerOptions o, LogLine l)
-      : completer(c), options(std::move(o)), log(std::move(l)), admission(options.workers, options.max_queue) {}
+      : completer(c),
+        options(std::move(o)),
+        log(std::move(l)),
+        admission(options.workers, options.max_queue),
+        pool(options.workers + options.max_queue + 4) {}  // waiting requests hold a thread each
+
+  // On a worker: httplib parses, routes and answers the request; then the gate reads the
+  // connection's next one.
+  void answer(int fd, std::string request) {
+    WholeRequestStream stream(fd, std::move(request), options.io_timeout_seconds * 1000);
+    bool closed = false;
+    const bool written = http.answer(stream, closed);
+    gate->resume(fd, written && !closed);
+  }
+
+  void start_gate() {
+    GateOptions g;
+    g.framing.max_body_bytes = limits().max_body_bytes;
+    g.request_timeout_ms = options.request_timeout_ms;
+    g.max_connections = options.max_connections;
+    gate = std::make_unique<ConnectionGate>(
+        g,
+        [this](int fd, std::string request) {
+          auto job = [this, fd, request = std::move(request)]() mutable { answer(fd, std::move(request)); };
+          if (!pool.submit(std::move(job))) {
+            ConnectionGate::send_refusal(fd, 503, "the server cannot start a thread for the request; retry later");
+            ++metrics.errors;
+            gate->resume(fd, false);
+          }
+        },
+        [this](const GateRefusal& refusal) {
+          ++metrics.errors;
+          if (log)
+            log((refusal.method.empty() ? std::string("-") : refusal.method) + " " +
+                (refusal.target.empty() ? std::string("-") : refusal.target) + " " + std::to_string(refusal.status) +
+                " refused: " + refusal.message);
+        });
+    http.on_accept = [this](int fd) { gate->adopt(fd); };
+  }
 
   RequestLimits limits() const { return completer.settings().limits; }
 
@@ -268,7 +499,8 @@ struct Server::Impl {
       out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n" << name << " " << value << "\n";
     };
     counter("kvevict_requests_total", "completion requests answered", metrics.requests.load());
-    counter("kvevict_request_errors_total", "completion requests refused (4xx or 5xx)", metrics.errors.load());
+    counter("kvevict_request_errors_total", "requests refused (4xx or 5xx) on any route, the HTTP layer's refusals included",
+            metrics.errors.load());
     counter("kvevict_requests_rejected_total", "completion requests refused with 503 (queue full)", metrics.rejected.load());
     counter("kvevict_prompt_tokens_total", "prompt tokens scored", metrics.tokens_scored.load());
     counter("kvevict_generated_tokens_total", "tokens generated", metrics.tokens_generated.load());
@@ -322,13 +554,37 @@ struct Server::Impl {
         body(req, res);
         if (counted) ++metrics.requests;
       } catch (const RequestError& e) {
-        if (counted) ++metrics.errors;
         send_error(res, e);
       } catch (const std::exception& e) {
-        if (counted) ++metrics.errors;
         send_error(res, RequestError(500, std::string("internal error: ") + e.what(), "", "server_error"));
       }
     };
+  }
+
+  // The Host and Origin check (ServerOptions::allowed_hosts): "" when the request may pass.
+  std::string misdirected(const httplib::Request& req) const {
+    std::vector<std::string> allowed = options.allowed_hosts;
+    if (allowed.empty()) {
+      if (!is_loopback_host(options.host)) return "";
+      allowed = {"localhost", "127.0.0.1", "::1", options.host};
+    }
+    auto is_allowed = [&](const std::string& name) {
+      for (const auto& a : allowed)
+        if (host_name_of(a) == name) return true;
+      return false;
+    };
+    if (req.has_header("Host")) {
+      const std::string host = req.get_header_value("Host");
+      if (!is_allowed(host_name_of(host)))
+        return "Host \"" + printable(host) + "\" is not a name this server answers to (--allowed-host)";
+    }
+    if (req.has_header("Origin")) {
+      const std::string origin = req.get_header_value("Origin");
+      const size_t scheme = origin.find("://");
+      if (scheme == std::string::npos || !is_allowed(host_name_of(origin.substr(scheme + 3))))
+        return "Origin \"" + printable(origin) + "\" may not call this server (--allowed-host)";
+    }
+    return "";
   }
 
   void routes() {
@@ -346,6 +602,10 @@ struct Server::Impl {
 
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       request_log = RequestLog{std::chrono::steady_clock::now(), 0};
+      if (const std::string refusal = misdirected(req); !refusal.empty()) {
+        send_error(res, RequestError(403, refusal, "", "invalid_request_error", "host_not_allowed"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (!options.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + options.api_key) {
         send_error(res, RequestError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "",
                                      "invalid_request_error", "invalid_api_key"));
@@ -363,6 +623,7 @@ struct Server::Impl {
       send_error(res, RequestError(res.status, message));
     });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (res.status >= 400) ++metrics.errors;
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - request_log.started).count();
       std::ostringstream line;
@@ -375,17 +636,50 @@ struct Server::Impl {
   }
 };
 
+namespace {
+
+// Each bound is a flag's (serve_command.cpp names them the same way).
+ServerOptions checked(ServerOptions o) {
+  auto within = [](const char* flag, long long value, long long low, long long high) {
+    if (value < low || value > high)
+      throw Error(std::string(flag) + " " + std::to_string(value) + " is outside [" + std::to_string(low) + ", " +
+                  std::to_string(high) + "]");
+  };
+  within("--workers", o.workers, 1, kMaxWorkers);
+  within("--max-queue", o.max_queue, 0, kMaxQueue);
+  within("--max-connections", o.max_connections, 1, kMaxConnections);
+  within("--request-timeout (ms)", o.request_timeout_ms, 100, 3600 * 1000);
+  // Each connection is a descriptor: raise the soft limit as far as the hard one allows.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    const rlim_t needed = static_cast<rlim_t>(o.max_connections) + 64;
+    if (files.rlim_cur < needed && files.rlim_cur != RLIM_INFINITY) {
+      files.rlim_cur = std::min(needed, files.rlim_max);
+      ::setrlimit(RLIMIT_NOFILE, &files);
+      ::getrlimit(RLIMIT_NOFILE, &files);
+    }
+    if (files.rlim_cur != RLIM_INFINITY && files.rlim_cur < needed)
+      throw Error("--max-connections " + std::to_string(o.max_connections) + " needs " + std::to_string(needed) +
+                  " open files, and this process may open " + std::to_string(files.rlim_cur) + " (ulimit -n)");
+  }
+  return o;
+}
+
+}  // namespace
+
+bool is_loopback_host(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  in_addr address{};
+  return ::inet_pton(AF_INET, host.c_str(), &address) == 1 && (ntohl(address.s_addr) >> 24) == 127;
+}
+
 Server::Server(const Completer& completer, ServerOptions options, LogLine log)
-    : impl_(std::make_unique<Impl>(completer, std::move(options), std::move(log))) {
-  if (impl_->options.workers < 1) throw Error("--workers must be at least 1");
-  if (impl_->options.max_queue < 0) throw Error("--max-queue must be at least 0");
+    : impl_(std::make_unique<Impl>(completer, checked(std::move(options)), std::move(log))) {
   impl_->routes();
-  const int threads = impl_->options.workers + impl_->options.max_queue + 4;  // waiting requests hold a thread each
-  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  impl_->http.new_task_queue = [] { return new HandOnQueue; };
+  // The gate has read and checked the whole body already; httplib's own limit only agrees.
   impl_->http.set_payload_max_length(static_cast<size_t>(impl_->limits().max_body_bytes));
-  impl_->http.set_read_timeout(impl_->options.io_timeout_seconds);
-  impl_->http.set_write_timeout(impl_->options.io_timeout_seconds);
-  impl_->http.set_keep_alive_timeout(2);
+  impl_->start_gate();
   // httplib writes a response's headers and body separately: without TCP_NODELAY, Nagle's
   // algorithm holds the body until the client's delayed ACK (40 ms per request). Accepted
   // sockets inherit it from the listening one.
@@ -396,7 +690,10 @@ Server::Server(const Completer& completer, ServerOptions options, LogLine log)
   });
 }
 
-Server::~Server() = default;
+Server::~Server() {
+  impl_->gate->stop();
+  impl_->pool.finish();
+}
 
 int Server::bind() {
   const auto& o = impl_->options;
@@ -410,7 +707,12 @@ int Server::bind() {
   return port;
 }
 
-void Server::serve() { impl_->http.listen_after_bind(); }
+void Server::serve() {
+  impl_->http.listen_after_bind();
+  // Half-sent requests are dropped; the ones with a worker are answered first.
+  impl_->gate->stop();
+  impl_->pool.finish();
+}
 
 void Server::stop() { impl_->http.stop(); }
 

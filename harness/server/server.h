@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "harness/server/completion.h"
 
@@ -18,8 +19,22 @@ struct ServerOptions {
   int max_queue = 64;        // requests waiting for a worker; one more gets 503
   std::string api_key;       // "": no authentication
   std::string model_name;    // the id /v1/models lists
-  int io_timeout_seconds = 60;  // reading a request, writing an answer
+  int io_timeout_seconds = 60;     // writing an answer: each write may wait this long for the client
+  int request_timeout_ms = 10000;  // a request's head and body must arrive within this, else 408
+  int max_connections = 1024;      // open connections held at once; one more gets 503
+  // Host names the Host and Origin headers may carry (a browser page elsewhere, or a DNS
+  // name rebound to this machine, is refused with 403). Empty: the loopback names when
+  // bound to a loopback address; any otherwise.
+  std::vector<std::string> allowed_hosts;
 };
+
+// The bounds serve's flags are checked against (the same numbers its --help gives).
+constexpr int kMaxWorkers = 256;
+constexpr int kMaxQueue = 1024;
+constexpr int kMaxConnections = 65536;
+
+// Whether `host` (an address or name to bind) is this machine's loopback only.
+bool is_loopback_host(const std::string& host);
 
 // One line per request (method, path, status, tokens, milliseconds) and other notices.
 using LogLine = std::function<void(const std::string&)>;

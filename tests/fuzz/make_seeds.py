@@ -226,5 +226,13 @@ for name, body in [
     ("detokenize", {"tokens": [1, 5, 6, 511]}),
 ]:
     write("server_request", name, json.dumps(body))
+    # The same bodies as whole HTTP requests, for the framing in front of the parser.
+    raw = json.dumps(body)
+    write("server_request", name + "-http", "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+          "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw.encode()), raw))
+write("server_request", "pipelined-http", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n\r\nPOST /tokenize HTTP/1.1\r\n"
+      "Expect: 100-continue\r\nContent-Length: 13\r\n\r\n{\"prompt\":\"\"}")
+write("server_request", "bad-length-http", "POST /v1/completions HTTP/1.1\r\nContent-Length: 12345678901234567890\r\n"
+      "Content-Length: -1\r\nTransfer-Encoding: chunked\r\n\r\n")
 write("server_request", "duplicate-key", '{"prompt": "a", "prompt": "b"}')
 write("server_request", "huge-number", '{"prompt": "a", "temperature": 1e400, "max_tokens": 18446744073709551615}')
