@@ -61,6 +61,28 @@ bool Policy::states_agree(const SequenceShape& a, const SequenceShape& b) const 
   return !options_.budget.is_ratio() && options_.kv_quant.memory <= 0;
 }
 
+void Policy::check_options_taken(const std::function<std::string(const ParamSpec&)>& param_name) const {
+  const std::vector<const ParamSpec*> taken = parameters();
+  for (const ParamSpec* spec : all_policy_params()) {
+    if (!options_.params.is_set(*spec) || std::find(taken.begin(), taken.end(), spec) != taken.end()) continue;
+    std::string list;
+    for (const ParamSpec* p : taken) list += (list.empty() ? "" : ", ") + param_name(*p);
+    throw Error(param_name(*spec) + " is not a parameter of policy " + name() +
+                (list.empty() ? " (it has none)" : " (its parameters: " + list + ")"));
+  }
+  const BudgetSpec& b = options_.budget;
+  const BudgetKeys& k = *b.keys;
+  if (keeps_everything()) {
+    for (const auto& [given, key] : {std::pair{b.ratio != -1, k.ratio}, {b.tokens != -1, k.tokens},
+                                     {b.heavy_share != -1, k.heavy_share}, {b.heavy_ratio != -1, k.heavy_ratio},
+                                     {b.recent_ratio != -1, k.recent_ratio}})
+      if (given) throw Error(std::string(key) + " does not apply to policy " + name() + ", which keeps every token");
+  }
+  if (b.heavy_share != -1 && !splits_budget())
+    throw Error(std::string(k.heavy_share) + " does not apply to policy " + name() +
+                ", whose budget has no heavy-hitter/recent split");
+}
+
 void Policy::check_keeps_a_token(int64_t max_positions) const {
   if (keeps_everything() || !options_.budget.is_ratio() || options_.kv_quant.memory > 0 || max_positions < 1) return;
   SequenceShape shape;

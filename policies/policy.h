@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -152,6 +153,10 @@ class Policy {
   // Throws when a ratio budget keeps no token even on a request of `max_positions`
   // tokens (the model's whole context), so it can never keep one.
   void check_keeps_a_token(int64_t max_positions) const;
+  // Throws kvevict::Error naming the first option this policy would ignore: a parameter it
+  // does not declare (named by `param_name`), a heavy share on a budget with no
+  // heavy/recent split, or any budget for the full cache.
+  void check_options_taken(const std::function<std::string(const ParamSpec&)>& param_name) const;
   // The heavy-hitter and recent ratios of the budget (policies/budget.h).
   std::pair<double, double> heavy_recent_ratios() const {
     return kvevict::heavy_recent_ratios(options_.budget, default_heavy_share());

@@ -17,6 +17,7 @@
 #include "harness/common/files.h"
 #include "harness/tokenizers/tokenizer.h"
 #include "tasks/task.h"
+#include "tests/server_process.h"
 #include "tests/test_support.h"
 
 namespace kvevict {
@@ -29,67 +30,6 @@ const Tokenizer& stories_tokenizer() {
   static const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer_for_model(test::data("models/stories260K-hf"));
   return *tokenizer;
 }
-
-// The server as a child process: started with --port 0 --port-file, stopped with SIGTERM.
-class ServerProcess {
- public:
-  explicit ServerProcess(const std::vector<std::string>& flags, const std::string& name) {
-    dir_ = test::temp_dir("server_" + name);
-    port_file_ = dir_ + "/port";
-    log_ = dir_ + "/stderr";
-    std::vector<std::string> args = {test::kvevict_binary(), "serve", "--port", "0", "--port-file", port_file_};
-    args.insert(args.end(), flags.begin(), flags.end());
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::freopen(log_.c_str(), "w", stderr);
-      std::freopen("/dev/null", "w", stdout);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    for (int i = 0; i < 600 && port_ == 0; ++i) {
-      std::ifstream in(port_file_);
-      int port = 0;
-      if (in >> port) port_ = port;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      int status = 0;
-      if (port_ == 0 && ::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-    }
-    if (port_ == 0) FAIL("kvevict serve did not start: " << test::read_text(log_));
-  }
-  ~ServerProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  int port() const { return port_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const { return test::read_text(log_); }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120);
-    return c;
-  }
-  // SIGTERM; the exit status.
-  int terminate() {
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  std::string dir_, port_file_, log_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
 
 json post(const ServerProcess& server, const std::string& path, const json& body, int expect = 200) {
   auto client = server.client();
@@ -382,10 +322,24 @@ TEST_CASE("bad requests get an OpenAI error naming the field, and the server kee
        "kvevict.budget"},
       {"policy parameter out of range", "POST", "/v1/completions",
        "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"streaming\", \"budget\": 0.5, \"n_sink\": -5}}", 400, "n_sink"},
-      {"token budget over the prompt", "POST", "/v1/completions",
-       "{\"prompt\": [1, 5, 6], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0, \"kvevict\": {\"policy\": \"h2o\", "
-       "\"budget_tokens\": 50}}",
-       400, "kvevict"},
+      {"token budget under the policy's sink tokens", "POST", "/v1/completions",
+       "{\"prompt\": [1, 5, 6, 7, 8], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 0, \"kvevict\": {\"policy\": "
+       "\"streamingllm\", \"budget_tokens\": 2}}",
+       400, "sink"},
+      {"a byte-order mark before the JSON", "POST", "/v1/completions", "\xEF\xBB\xBF{\"prompt\": \"a\"}", 400,
+       "byte-order mark"},
+      {"a prompt of NUL characters", "POST", "/v1/completions", "{\"prompt\": \"\\u0000\\u0000\"}", 400, "NUL"},
+      {"tokenize a NUL character", "POST", "/tokenize", "{\"prompt\": \"a\\u0000\"}", 400, "NUL"},
+      {"an empty policy name", "POST", "/v1/completions", "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"\"}}", 400,
+       "kvevict.policy"},
+      {"a heavy share for the full cache", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"full\", \"heavy_share\": 0.3}}", 400, "kvevict.heavy_share"},
+      {"a parameter the policy does not take", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"h2o\", \"budget\": 0.5, \"n_sink\": 2}}", 400,
+       "kvevict.n_sink"},
+      {"context_tokens on a stream server", "POST", "/v1/completions",
+       "{\"prompt\": \"a b c\", \"kvevict\": {\"context_tokens\": 1}}", 400, "kvevict.context_tokens"},
+      {"a negative seed", "POST", "/v1/completions", "{\"prompt\": \"a\", \"seed\": -1}", 400, "seed"},
       {"sim-only policy asked to generate", "POST", "/v1/completions",
        "{\"prompt\": \"a\", \"max_tokens\": 5, \"kvevict\": {\"policy\": \"h2o-paper\", \"heavy_ratio\": 0.1, "
        "\"recent_ratio\": 0.1}}",
@@ -607,11 +561,12 @@ TEST_CASE("batched serving: concurrent clients get batch 1's answers bit for bit
                         {"stream", true}, {"kvevict", h2o}});
   }
   const size_t good = requests.size();
-  // A token budget longer than the prompt: refused by the policy on the request's own
-  // sequence, once scoring, once generating (the stream's own check, before it joins).
+  // A token budget under the policy's sink tokens: refused by the policy on the request's
+  // own sequence, once scoring, once generating (the stream's own check, before it joins).
+  const json too_few = {{"policy", "streamingllm"}, {"budget_tokens", 2}};
   requests.push_back({{"prompt", json::array({1, 5, 6})}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0},
-                      {"kvevict", {{"policy", "h2o"}, {"budget_tokens", 50}}}});
-  requests.push_back({{"prompt", json::array({1, 5, 6})}, {"max_tokens", 5}, {"kvevict", {{"policy", "h2o"}, {"budget_tokens", 50}}}});
+                      {"kvevict", too_few}});
+  requests.push_back({{"prompt", json::array({1, 5, 6})}, {"max_tokens", 5}, {"kvevict", too_few}});
 
   for (const std::string mode : {"decode", "sim"}) {
     DYNAMIC_SECTION(mode << " mode") {

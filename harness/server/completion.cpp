@@ -48,18 +48,20 @@ bool cut_at_stop(std::string& text, const std::vector<std::string>& stop) {
   return true;
 }
 
-// Sends a growing completion as it is generated, holding back what a stop string could
-// still cut (its length - 1 bytes) and a trailing replacement character (a multi-byte
-// character whose next byte piece has not come yet).
+// Sends a growing completion as it is generated: what precedes a stop string already in
+// it, else all but what a stop string could still cut (its length - 1 bytes), and never a
+// trailing replacement character (a multi-byte character whose next byte piece has not
+// come yet). So the pieces sent add up to the plain answer's text.
 class StreamedText {
  public:
-  StreamedText(const TextSink& sink, int index, const std::vector<std::string>& stop) : sink_(sink), index_(index) {
+  StreamedText(const TextSink& sink, int index, const std::vector<std::string>& stop)
+      : sink_(sink), index_(index), stop_(stop) {
     for (const auto& s : stop) hold_ = std::max(hold_, s.size() - 1);
   }
   bool update(std::string text, bool final) {
     if (!sink_) return true;
     if (!final) {
-      text.resize(text.size() > hold_ ? text.size() - hold_ : 0);
+      if (!cut_at_stop(text, stop_)) text.resize(text.size() > hold_ ? text.size() - hold_ : 0);
       static const std::string kReplacement = "\xEF\xBF\xBD";
       while (text.size() >= kReplacement.size() && text.compare(text.size() - 3, 3, kReplacement) == 0) text.resize(text.size() - 3);
     }
@@ -72,6 +74,7 @@ class StreamedText {
  private:
   const TextSink& sink_;
   int index_;
+  const std::vector<std::string>& stop_;
   size_t hold_ = 0;
   std::string sent_;
 };
@@ -132,6 +135,7 @@ double json_safe_logprob(double logprob) {
 Completer::Completer(const Model& model, CompletionSettings settings)
     : model_(model), settings_(std::move(settings)) {
   std::shared_ptr<Policy> policy = make_policy(settings_.policy, settings_.policy_options);
+  policy->check_options_taken([](const ParamSpec& p) { return p.cli_flag(); });
   policy->check_keeps_a_token(model_.arch().max_positions);
   policy_ = std::move(policy);
   model_.require_tokenizer();
@@ -163,12 +167,18 @@ Completer::Prepared Completer::prepare(const CompletionRequest& request) const {
     const std::string name = request.policy.name.empty() ? settings_.policy : request.policy.name;
     try {
       std::shared_ptr<Policy> own = make_policy(name, request.policy.options);
+      own->check_options_taken([](const ParamSpec& p) { return "kvevict." + p.key(); });
       own->check_keeps_a_token(model_.arch().max_positions);
       prepared.policy = std::move(own);
     } catch (const Error& e) {
       throw RequestError(400, e.what(), "kvevict");
     }
   }
+  if (request.policy.context_tokens >= 0 && settings_.protocol != Protocol::PrefillCompress)
+    throw RequestError(400,
+                       "\"kvevict.context_tokens\" applies only under --protocol prefill-compress; this server runs "
+                       "stream, which compresses from the prompt's first token",
+                       "kvevict.context_tokens");
   const bool prompt_logprobs = request.echo && request.logprobs >= 0;
   const bool scores_only = prompt_logprobs && (request.max_tokens == 0 || (request.max_tokens == 1 && request.temperature == 0));
   if (request.max_tokens > 0 && !scores_only && !prepared.policy->realisable())
@@ -255,6 +265,11 @@ Choice Completer::complete_one(const Policy& policy, const CompletionRequest& re
   const Tokenizer& tokenizer = model_.require_tokenizer();
   const int T = static_cast<int>(prompt.size());
   const int eos = model_.arch().eos_token_id;
+  if (request.policy.context_tokens >= 0 && settings_.protocol != Protocol::PrefillCompress)
+    throw RequestError(400,
+                       "\"kvevict.context_tokens\" applies only under --protocol prefill-compress; this server runs "
+                       "stream, which compresses from the prompt's first token",
+                       "kvevict.context_tokens");
   const bool prompt_logprobs = request.echo && request.logprobs >= 0;
   const int top_k = std::max(1, request.logprobs);
   Choice choice;

@@ -16,6 +16,7 @@
 #include "harness/runtime/stream_batcher.h"
 #include "harness/server/request.h"
 #include "policies/policy.h"
+#include "policies/registry.h"
 
 namespace kvevict::server {
 
@@ -24,7 +25,7 @@ namespace kvevict::server {
 struct CompletionSettings {
   Mode mode = Mode::Sim;
   Protocol protocol = Protocol::Stream;
-  std::string policy = "full";
+  std::string policy = reference_policy_name();
   PolicyOptions policy_options;
   RequestLimits limits;
   // Above 1: every request's model calls (score passes, generation steps) join one

@@ -35,6 +35,9 @@ json parse_body(std::string_view body, const RequestLimits& limits) {
   if (static_cast<int64_t>(body.size()) > limits.max_body_bytes)
     throw RequestError(413, "request body of " + std::to_string(body.size()) + " bytes exceeds the limit of " +
                                 std::to_string(limits.max_body_bytes) + " bytes");
+  // nlohmann's reader would skip it; RFC 8259 forbids sending one, so say so.
+  if (body.substr(0, 3) == "\xEF\xBB\xBF")
+    throw bad("", "the request body starts with a UTF-8 byte-order mark: send the JSON without it");
   json j;
   try {
     j = parse_json(body, "request body");
@@ -98,6 +101,13 @@ std::vector<int> token_ids(const json& value, const std::string& where, const st
   return ids;
 }
 
+// A NUL is no character of any text a tokenizer was trained on, and C strings end at it.
+void check_no_nul(const std::string& text, const std::string& where, const std::string& param) {
+  const size_t at = text.find('\0');
+  if (at != std::string::npos)
+    throw bad(param, where + " contains a NUL character (U+0000) at byte " + std::to_string(at));
+}
+
 std::vector<Prompt> read_prompts(const json& value, const RequestLimits& limits) {
   const std::string shapes = "a string, a list of strings, a list of token ids or a list of lists of token ids";
   std::vector<Prompt> prompts;
@@ -132,6 +142,7 @@ std::vector<Prompt> read_prompts(const json& value, const RequestLimits& limits)
   for (size_t i = 0; i < prompts.size(); ++i) {
     const bool empty = prompts[i].is_text ? prompts[i].text.empty() : prompts[i].ids.empty();
     if (empty) throw bad("prompt", "prompt[" + std::to_string(i) + "] is empty: there is nothing to score or continue");
+    if (prompts[i].is_text) check_no_nul(prompts[i].text, "prompt[" + std::to_string(i) + "]", "prompt");
   }
   return prompts;
 }
@@ -166,6 +177,8 @@ RequestPolicy read_policy(const json& value) {
     if (key == "policy") {
       if (!v.is_string()) throw bad(param, "\"" + param + "\" must be a policy name, not " + kind_of(v));
       policy.name = v.get<std::string>();
+      if (policy.name.empty())
+        throw bad(param, "\"" + param + "\" is empty: name a policy, or leave the key out for the server's");
       policy.replaces_policy = true;
     } else if (key == "context_tokens") {
       policy.context_tokens = static_cast<int>(integer_field(v, param, 1, std::numeric_limits<int>::max()));
@@ -241,8 +254,9 @@ CompletionRequest parse_completion_request(std::string_view body, const RequestL
       integer_field(value, key, 1, 1);
     } else if (key == "seed") {
       if (!value.is_number_integer()) throw bad(key, "\"seed\" must be an integer, not " + kind_of(value));
-      request.seed = value.is_number_unsigned() ? value.get<std::uint64_t>()
-                                                : static_cast<std::uint64_t>(value.get<long long>());
+      if (!value.is_number_unsigned() && value.get<long long>() < 0)
+        throw bad(key, "\"seed\" " + value.dump() + " is out of range [0, 18446744073709551615]");
+      request.seed = value.get<std::uint64_t>();
     } else if (key == "stop") {
       request.stop = read_stop(value);
     } else if (key == "logprobs") {
@@ -294,6 +308,7 @@ std::string parse_tokenize_request(std::string_view body, const RequestLimits& l
     if (key == "prompt") {
       if (!value.is_string()) throw bad(key, "\"prompt\" must be a string, not " + kind_of(value));
       text = value.get<std::string>();
+      check_no_nul(*text, "\"prompt\"", key);
     } else if (key == "add_special_tokens") {
       *add_special_tokens = bool_field(value, key);
     } else if (key != "model") {
