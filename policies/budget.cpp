@@ -64,9 +64,8 @@ void check_budget_spec(const BudgetSpec& spec) {
 
 void check_budget_fits(const BudgetSpec& spec, int length, int sink, const std::string& policy) {
   if (!spec.is_set()) throw Error(needs_a_budget(spec, policy));
-  if (spec.tokens > length)
-    throw Error("budget of " + std::to_string(spec.tokens) + " tokens is larger than the sequence (" +
-                std::to_string(length) + " tokens)");
+  // A token budget at or above the sequence's length keeps the whole sequence (nothing
+  // is evicted), as a ratio of 1 does: one rule for eval, sweeps and the server.
   // A ratio budget may round to 0 tokens on a short request (int(ratio * T), as the
   // paper): the cache then keeps nothing between steps and each query sees itself only.
   if (spec.tokens > 0 && spec.tokens < sink)

@@ -70,8 +70,8 @@ struct Budget {
 void check_budget_spec(const BudgetSpec& spec);
 
 // The rules for one sequence of `length` tokens (ratios refer to it) and a policy with
-// `sink` sink tokens: a budget is given, a token budget fits the sequence and holds the
-// sinks. `policy` names the policy in the message.
+// `sink` sink tokens: a budget is given and a token budget holds the sinks (a token budget
+// longer than the sequence keeps it whole). `policy` names the policy in the message.
 void check_budget_fits(const BudgetSpec& spec, int length, int sink, const std::string& policy);
 
 // The whole budget in tokens: int(ratio * length), the token count, or the paper's

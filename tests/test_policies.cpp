@@ -149,10 +149,15 @@ TEST_CASE("bad policy input gets a clear error", "[policy][errors]") {
   sink.budget.tokens = 3;
   CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("streamingllm", sink), Mode::Sim, tokens); }),
              Catch::Contains("smaller than the 4 sink tokens"));
-  PolicyOptions too_big;
-  too_big.budget.tokens = 500;
-  CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o", too_big), Mode::Sim, tokens); }),
-             Catch::Contains("larger than the sequence"));
+  // A token budget at or above the sequence keeps it whole: the numbers of a ratio of 1.
+  PolicyOptions too_big, ratio_one;
+  too_big.budget.tokens = static_cast<int>(tokens.size()) + 100;
+  ratio_one.budget.ratio = 1;
+  for (Mode mode : {Mode::Sim, Mode::Decode}) {
+    const auto whole = score_sequence(test::stories(), *make_policy("h2o", too_big), mode, tokens);
+    const auto all = score_sequence(test::stories(), *make_policy("h2o", ratio_one), mode, tokens);
+    CHECK(test::max_diff(whole.next_token_logprob, all.next_token_logprob) == 0);
+  }
   PolicyOptions paper;
   paper.budget.ratio = 0.2;
   CHECK_THAT(error_of([&] { score_sequence(test::stories(), *make_policy("h2o-paper", paper), Mode::Decode, tokens); }),
