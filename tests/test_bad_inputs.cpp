@@ -346,6 +346,29 @@ std::vector<Case> cases() {
   cli_case("eval --batch-size 0", "eval --task copa --limit 1 --batch-size 0", "--batch-size");
   cli_case("serve --batch-size 0", "serve --port 0 --batch-size 0", "--batch-size");
   cli_case("serve --workers 0 (0 is the default's stand-in, not a value)", "serve --port 0 --workers 0", "--workers");
+  cli_case("serve --workers 100000", "serve --port 0 --workers 100000", "--workers");
+  cli_case("serve --max-queue 100000 (was a thread per slot made at start)", "serve --port 0 --max-queue 100000",
+           "--max-queue");
+  cli_case("serve --max-connections 0", "serve --port 0 --max-connections 0", "--max-connections");
+  cli_case("serve --request-timeout 0", "serve --port 0 --request-timeout 0", "--request-timeout");
+  cli_case("--threads 100000 (was a hang)", "serve --port 0 --threads 100000", "--threads");
+  cli_case("serve --api-key '' (was no authentication)", "serve --port 0 --api-key ''", "--api-key");
+  cli_case("serve --policy full --heavy-share 0.3 (was ignored)", "serve --port 0 --policy full --heavy-share 0.3",
+           "--heavy-share");
+  cli_case("serve --policy h2o --budget 0.5 --n-sink 2 (was ignored)", "serve --port 0 --policy h2o --budget 0.5 --n-sink 2",
+           "--n-sink");
+  c.push_back({"flags", "serve --port-file a folder (was SIGABRT after loading)",
+               [](const std::string& dir) { return "serve --port 0 --port-file " + dir; }, {"--port-file"}});
+  cli_case("serve --port-file under /proc (was SIGABRT after loading)", "serve --port 0 --port-file /proc/kvevict_port",
+           "--port-file");
+  c.push_back({"flags", "serve --port-file a sweep's results.csv (was replaced)",
+               [](const std::string& dir) {
+                 fs::create_directories(dir + "/sweep");
+                 std::ofstream(dir + "/sweep/results.csv") << "model,task\n";
+                 std::ofstream(dir + "/sweep/.kvevict.lock");
+                 return "serve --port 0 --port-file " + dir + "/sweep/results.csv";
+               },
+               {"--port-file", "results.csv"}});
   cli_case("--budget with --budget-tokens (was the tokens)", gen + "--policy h2o --budget 0.5 --budget-tokens 4", "--budget-tokens");
   cli_case("--budget-tokens 0", gen + "--policy h2o --budget-tokens 0", "--budget-tokens");
   cli_case("--kernel 0 (was no pooling)", gen + "--policy snapkv --budget 0.5 --kernel 0", "--kernel");

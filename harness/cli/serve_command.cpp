@@ -14,6 +14,7 @@
 #include "harness/common/atomic_file.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
+#include "harness/common/output_paths.h"
 #include "harness/eval/evaluator.h"
 #include "harness/model/threads.h"
 #include "harness/server/server.h"
@@ -86,6 +87,7 @@ extern "C" void on_stop_signal(int) {
 
 int run_serve(ServeArgs& a, const Invocation& at) {
   if (a.model.empty()) a.model = data_path("models/stories260K-hf", at.data_override);
+  if (!a.port_file.empty()) check_output_file(a.port_file, "--port-file");
   auto model = Model::load(a.model, a.runtime.options);
   use_threads_for(*model, a.runtime.options.threads);
   server::CompletionSettings settings;
@@ -120,6 +122,14 @@ int run_serve(ServeArgs& a, const Invocation& at) {
     std::cerr << line << std::endl;
   });
   const int port = server.bind();
+  // Before the stopper thread exists: a port file that cannot be written is an error exit.
+  if (!a.port_file.empty()) {
+    try {
+      write_file_atomically(a.port_file, std::to_string(port) + "\n");
+    } catch (const Error& e) {
+      throw Error(std::string("--port-file ") + e.what());
+    }
+  }
 
   if (pipe(stop_pipe) != 0) throw Error("serve: cannot create the signal pipe");
   fcntl(stop_pipe[1], F_SETFL, O_NONBLOCK);
@@ -136,7 +146,6 @@ int run_serve(ServeArgs& a, const Invocation& at) {
     server.stop();
   });
 
-  if (!a.port_file.empty()) write_file_atomically(a.port_file, std::to_string(port) + "\n");
   if (!server::is_loopback_host(a.host))
     std::cerr << "warning: --host " << a.host << " accepts connections from other machines"
               << (a.api_key.empty() ? ", without an API key (--api-key): anyone who reaches it may use the server" : "")
