@@ -353,7 +353,7 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
   const int prefill = config.integer("decode_prefill", 32, 1, kMost);
   const int steps = config.integer("decode_steps", 16, 1, kMost);
   const int repeat = config.integer("repeat", args.repeat, 1, kMost);
-  const std::string profile_policy = config.text("profile_policy", "h2o");
+  const std::string profile_policy = config.text("profile_policy", default_eviction_policy_name());
   const double budget = config.number("budget", 0.5, 0, 1);
   const int compare_batch = args.batch_size > 0 ? args.batch_size : config.integer("compare_batch", 8, 1, 4096);
   const int generation_limit = config.integer("generation_limit", 32, 0, kMost);
@@ -520,7 +520,7 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
   constexpr long long kMost = std::numeric_limits<int>::max();
   const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
   const auto tasks = config.texts("reuse_tasks", {"piqa", "copa"});
-  const auto policies = config.texts("policies", {"full", "h2o"});
+  const auto policies = config.texts("policies", {reference_policy_name(), default_eviction_policy_name()});
   const int budget_tokens = config.integer("budget_tokens", 16, 1, kMost);
   const int limit = config.integer("limit", 0, 0, kMost);
   const int repeat = config.integer("repeat", args.repeat, 1, kMost);
