@@ -1093,7 +1093,8 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
   for (size_t i = 0; i < all.size(); ++i) {
     const Case& bad = all[i];
     if (filter && (bad.group + ": " + bad.name).find(filter) == std::string::npos) continue;
-    const std::string dir = kvevict::test::temp_dir("bad_input_" + std::to_string(i));
+    const kvevict::test::TempDir folder("bad_input_" + std::to_string(i));
+    const std::string& dir = folder.path();
     const std::string args = bad.setup(dir);
     const auto before = snapshot(dir);
     const auto result = kvevict::test::run_kvevict(args);
@@ -1116,7 +1117,6 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
     clean += ok;
     per_group[bad.group].first += ok;
     per_group[bad.group].second += 1;
-    fs::remove_all(dir);
   }
   std::string groups;
   for (const auto& [group, counts] : per_group)
