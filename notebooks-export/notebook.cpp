@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "harness/common/atomic_file.h"
 #include "harness/common/errors.h"
 #include "policies/registry.h"
 #include "notebook_template.h"  // generated from notebook_template.py: kNotebookTemplate
@@ -203,23 +204,7 @@ std::string notebook_json(const std::vector<ResultRow>& rows) {
 }
 
 void write_notebook(const std::vector<ResultRow>& rows, const std::string& ipynb_path) {
-  const std::string text = notebook_json(rows);
-  const std::string temporary = ipynb_path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(temporary.c_str());
-      throw Error(ipynb_path + ": cannot write notebook");
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, ipynb_path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw Error(ipynb_path + ": cannot write notebook: " + error.message());
-  }
+  write_file_atomically(ipynb_path, notebook_json(rows));
 }
 
 }  // namespace kvevict

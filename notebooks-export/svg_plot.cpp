@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 
+#include "harness/common/atomic_file.h"
 #include "harness/common/errors.h"
 #include "harness/common/text.h"
 #include "notebooks-export/svg_heatmap.h"
@@ -472,12 +473,8 @@ std::string render_svg(const PlotSpec& plot) {
   return svg;
 }
 
-void write_svg(const PlotSpec& plot, const std::string& path) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << render_svg(plot);
-  out.close();
-  if (!out) throw Error(path + ": cannot write SVG plot");
-}
+// Atomically: a plot replaces a symbolic link at its path rather than writing through it.
+void write_svg(const PlotSpec& plot, const std::string& path) { write_file_atomically(path, render_svg(plot)); }
 
 std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
                                          const std::string& out_dir) {
@@ -508,10 +505,7 @@ std::vector<std::string> write_svg_plots(const std::vector<ResultRow>& rows,
     for (int suffix = 2; !used_names.insert(name).second; ++suffix)
       name = stem + "_" + std::to_string(suffix) + ".svg";
     const std::string path = (std::filesystem::path(out_dir) / name).string();
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << render_heatmap_svg(map);
-    out.close();
-    if (!out) throw Error(path + ": cannot write SVG heatmap");
+    write_file_atomically(path, render_heatmap_svg(map));
     paths.push_back(path);
   }
   return paths;

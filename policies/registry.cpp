@@ -41,6 +41,8 @@ std::string reference_policy_name() {
   throw Error("internal: no full-cache policy is registered");
 }
 
+std::string default_eviction_policy_name() { return "h2o"; }
+
 bool is_reference_policy(const std::string& name) {
   for (const auto& e : kPolicies)
     if (name == e.name) return e.factory({})->keeps_everything();

@@ -14,6 +14,9 @@ std::vector<std::string> policy_names();
 std::string policy_help();
 // The full cache: the default policy and the reference others are compared with.
 std::string reference_policy_name();
+// The eviction policy that stands for all where a default is needed (bench's profile
+// and its full-vs-evicting comparisons): H2O, the one the paper studies.
+std::string default_eviction_policy_name();
 // True when `name` is a known policy that keeps everything (false for any other name,
 // so results files from other versions read fine).
 bool is_reference_policy(const std::string& name);

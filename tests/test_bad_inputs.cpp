@@ -63,8 +63,11 @@ std::map<std::string, std::string> snapshot(const std::string& dir) {
   if (!fs::exists(dir)) return files;
   for (auto& entry : fs::recursive_directory_iterator(dir)) {
     if (entry.path().filename() == ".kvevict.lock") continue;
-    files[entry.path().string()] =
-        entry.is_regular_file() && !entry.is_symlink() ? kvevict::test::read_text(entry.path().string()) : "<dir>";
+    // A link by its target, and the target's bytes too: a write through it changes them.
+    const std::string path = entry.path().string();
+    std::string& recorded = files[path];
+    if (entry.is_symlink()) recorded = "<link to " + fs::read_symlink(entry.path()).string() + "> ";
+    recorded += entry.is_regular_file() ? kvevict::test::read_text(path) : "<dir>";
   }
   return files;
 }
@@ -881,6 +884,94 @@ std::vector<Case> cases() {
               },
               {"--predictions", ".kvevict.lock"});
 
+  // Outputs (issue 43): no output replaces the command's own inputs (model files, task
+  // data, text and token files, sweep configs, shard folders) or lies in a folder it
+  // reads, through a symbolic link or not; make-random-model never writes a sweep's files.
+  output_case("make-random-model --out a sweep folder (was its config.json replaced)",
+              [](const std::string& r) { return "make-random-model --out " + r + " --layers 1 --hidden 16 --heads 2 --kv-heads 2"; },
+              {"--out", "config.json", "never overwrites"});
+  c.push_back({"outputs", "make-random-model --out its own --tokenizer-from (was its files replaced)",
+               [](const std::string& d) {
+                 return "make-random-model --out " + model_dir(d, "m", json::object()) + " --tokenizer-from " + d +
+                        "/m --layers 1 --hidden 16 --heads 2 --kv-heads 2";
+               },
+               {"--out", "--tokenizer-from"}});
+  c.push_back({"outputs", "eval --predictions onto the model's config.json (was overwritten after the eval)",
+               [](const std::string& d) {
+                 return "eval --task copa --limit 2 --model " + model_dir(d, "m", json::object()) + " --predictions " + d +
+                        "/m/config.json";
+               },
+               {"--predictions", "config.json", "--model", "never overwrites its inputs"}});
+  c.push_back({"outputs", "eval --predictions a link to the model's config.json (was written through)",
+               [](const std::string& d) {
+                 const std::string m = model_dir(d, "m", json::object());
+                 fs::create_symlink(m + "/config.json", d + "/p.jsonl");
+                 return "eval --task copa --limit 2 --model " + m + " --predictions " + d + "/p.jsonl";
+               },
+               {"--predictions", "p.jsonl", "--model"}});
+  c.push_back({"outputs", "eval --predictions a new file in the model folder (would change the model)",
+               [](const std::string& d) {
+                 return "eval --task copa --limit 2 --model " + model_dir(d, "m", json::object()) + " --predictions " + d +
+                        "/m/tokenizer.json";
+               },
+               {"--predictions", "lies in --model"}});
+  c.push_back({"outputs", "eval --predictions onto the task's data file (was overwritten)",
+               [](const std::string& d) {
+                 write(d + "/data/copa/val.jsonl", kvevict::test::read_text(kvevict::test::data("copa/val.jsonl")));
+                 return "--data-dir " + d + "/data eval --task copa --limit 2 --model " +
+                        kvevict::test::data("models/stories260K-hf") + " --predictions " + d + "/data/copa/val.jsonl";
+               },
+               {"--predictions", "val.jsonl", "the data folder"}});
+  c.push_back({"outputs", "eval --predictions onto the long-context haystack (was overwritten)",
+               [](const std::string& d) {
+                 write(d + "/data/xsum/xsum_test_1000.jsonl", R"({"document": "A cat.", "summary": "Cat."})" "\n");
+                 return "--data-dir " + d + "/data eval --task niah --length 128 --limit 1 --model " +
+                        kvevict::test::data("models/stories260K-hf") + " --predictions " + d + "/data/xsum/xsum_test_1000.jsonl";
+               },
+               {"--predictions", "xsum_test_1000.jsonl", "the data folder"}});
+  c.push_back({"outputs", "analyze --out onto its own --tokens-file's folder (was analysis.csv replaced)",
+               [](const std::string& d) {
+                 write(d + "/o/analysis.csv", "2 5 7 9 11\n");
+                 return "analyze --tokens-file " + d + "/o/analysis.csv --out " + d + "/o";
+               },
+               {"--out", "analysis.csv", "--tokens-file"}});
+  c.push_back({"outputs", "analyze --out inside the model folder",
+               [](const std::string& d) {
+                 return "analyze " + kText + " --model " + model_dir(d, "m", json::object()) + " --out " + d + "/m/a";
+               },
+               {"--out", "lies in --model"}});
+  c.push_back({"outputs", "sweep --out the folder of its own config (was config.json replaced by the record)",
+               [](const std::string& d) {
+                 write(d + "/S/config.json", R"({"tasks": ["copa"], "policies": ["full"], "limit": 2})");
+                 return "sweep " + d + "/S/config.json --out " + d + "/S";
+               },
+               {"--out", "config.json", "the sweep config"}});
+  c.push_back({"outputs", "sweep --out inside the model folder",
+               [](const std::string& d) {
+                 write(d + "/sweep.json", R"({"tasks": ["copa"], "policies": ["full"], "limit": 2})");
+                 return "sweep " + d + "/sweep.json --model " + model_dir(d, "m", json::object()) + " --out " + d + "/m/out";
+               },
+               {"--out", "lies in the model"}});
+  c.push_back({"outputs", "sweep --slurm --out inside the model folder",
+               [](const std::string& d) {
+                 write(d + "/sweep.json", R"({"tasks": ["copa"], "policies": ["full"], "limit": 2})");
+                 return "sweep " + d + "/sweep.json --slurm --dry-run --model " + model_dir(d, "m", json::object()) +
+                        " --out " + d + "/m/out";
+               },
+               {"--out", "lies in the model"}});
+  output_case("merge --out a merged folder it reads (was its record and rows replaced)",
+              [](const std::string& r) {
+                write(r + "/config.json", R"({"config": {"tasks": ["copa"]}, "shard": [0, 1], "merged_from": ["x"]})");
+                return "merge " + r + " --out " + r;
+              },
+              {"--out", "the shard folder"});
+  output_case("export --notebook a link to R/results.csv",
+              [](const std::string& r) {
+                fs::create_symlink(r + "/results.csv", r + "/../n.ipynb");
+                return "export " + r + " --notebook " + r + "/../n.ipynb";
+              },
+              {"--notebook", "results.csv", "never overwrites"});
+
   // analyze --config: an entry's name is one folder under --out.
   auto analyze_entry_case = [&](const std::string& name, const std::string& entry, std::vector<std::string> expected) {
     c.push_back({"analyze config", name,
@@ -1025,7 +1116,8 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
   for (size_t i = 0; i < all.size(); ++i) {
     const Case& bad = all[i];
     if (filter && (bad.group + ": " + bad.name).find(filter) == std::string::npos) continue;
-    const std::string dir = kvevict::test::temp_dir("bad_input_" + std::to_string(i));
+    const kvevict::test::TempDir folder("bad_input_" + std::to_string(i));
+    const std::string& dir = folder.path();
     const std::string args = bad.setup(dir);
     const auto before = snapshot(dir);
     const auto result = kvevict::test::run_kvevict(args);
@@ -1048,7 +1140,6 @@ TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouch
     clean += ok;
     per_group[bad.group].first += ok;
     per_group[bad.group].second += 1;
-    fs::remove_all(dir);
   }
   std::string groups;
   for (const auto& [group, counts] : per_group)

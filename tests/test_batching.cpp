@@ -38,16 +38,18 @@ namespace {
 // A 2-layer random LLaMA with hidden 512: its matrices are 1 MiB in float32, so decode
 // rows take matvec() (alone) and its B-row form (batched); the data's test models are
 // smaller and keep torch::mv.
+// Shared by the cases, so the process owns its folder, not a case.
 const std::string& matvec_model_dir() {
-  static const std::string dir = [] {
-    const std::string d = test::temp_dir("batch_random_512");
-    auto r = test::run_kvevict("make-random-model --out " + d +
+  static const test::TempDir dir("batch_random_512");
+  static const bool made = [] {
+    auto r = test::run_kvevict("make-random-model --out " + dir.path() +
                                " --layers 2 --hidden 512 --heads 8 --kv-heads 4 --intermediate 1024 --vocab 600"
                                " --max-positions 128");
     if (r.exit_code != 0) throw std::runtime_error("make-random-model failed: " + r.err);
-    return d;
+    return true;
   }();
-  return dir;
+  (void)made;
+  return dir.path();
 }
 
 std::unique_ptr<Policy> policy_at(const std::string& name, double ratio) {

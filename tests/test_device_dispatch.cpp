@@ -31,22 +31,16 @@ torch::Tensor meta(at::IntArrayRef shape, torch::ScalarType dtype = torch::kFloa
 // A random LLaMA whose matrices are large enough for matvec() (1 MiB), shared by the cases
 // and removed when the test process ends.
 const std::string& random_llama_dir() {
-  struct Folder {
-    std::string path;
-    ~Folder() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  };
-  static const Folder folder = [] {
-    const std::string d = test::temp_dir("device_dispatch_llama");
-    auto r = test::run_kvevict("make-random-model --out " + d +
+  static const test::TempDir dir("device_dispatch_llama");
+  static const bool made = [] {
+    auto r = test::run_kvevict("make-random-model --out " + dir.path() +
                                " --layers 2 --hidden 512 --heads 8 --kv-heads 4 --intermediate 1024 --vocab 600"
                                " --max-positions 128");
     if (r.exit_code != 0) throw std::runtime_error("make-random-model failed: " + r.err);
-    return Folder{d};
+    return true;
   }();
-  return folder.path;
+  (void)made;
+  return dir.path();
 }
 
 }  // namespace

@@ -568,6 +568,65 @@ TEST_CASE("an equal-memory sweep plots accuracy against the bytes each cell held
   CHECK(kvevict::bytes_plots(sample_sweep()).empty());
 }
 
+TEST_CASE("every export replaces a symbolic link at its path instead of writing through it", "[export][security]") {
+  // Every kind of figure (budget, heavy share, bytes, the needle heatmap), the notebook and
+  // the table: a link left at an output's path must not carry the write to its target.
+  auto rows = sample_sweep();
+  for (int bits : {16, 2}) {
+    ResultRow row = make_row("copa", "h2o", std::nullopt, "acc", 0.6, 0.048);
+    row.kv_bits = bits;
+    row.kv_memory = 0.5;
+    row.kv_bytes_peak = 2048;
+    rows.push_back(row);
+  }
+  for (int length : {1024, 2048})
+    for (double depth : {0.0, 1.0}) {
+      ResultRow row = make_row("niah", "full", std::nullopt, "rouge1_x10", depth * 10);
+      row.length = length;
+      row.depth = depth;
+      row.question = "agnostic";
+      rows.push_back(row);
+    }
+  const auto dir = kvevict::test::temp_dir("export_symlinks");
+  std::string csv = kvevict::result_header() + "\n";
+  for (const auto& row : rows) csv += kvevict::format_row(row) + "\n";
+  fs::create_directories(dir + "/R");
+  std::ofstream(dir + "/R/results.csv", std::ios::binary) << csv;
+  const std::string exports = "export " + dir + "/R --svg " + dir + "/svg --notebook " + dir + "/n.ipynb";
+  const std::string table = "table " + dir + "/R --where task=rte --rows budget --out " + dir + "/t";
+  auto run = [](const std::string& args) {
+    const auto r = kvevict::test::run_kvevict(args);
+    INFO("kvevict " << args << "\n" << r.err);
+    REQUIRE(r.exit_code == 0);
+  };
+  run(exports);
+  run(table);
+  std::vector<std::string> outputs = {dir + "/n.ipynb", dir + "/t.md", dir + "/t.csv"};
+  std::set<std::string> kinds;
+  for (const auto& entry : fs::directory_iterator(dir + "/svg")) {
+    outputs.push_back(entry.path().string());
+    const std::string name = entry.path().stem().string();
+    kinds.insert(name.substr(name.rfind('_') + 1));
+  }
+  CHECK(kinds == std::set<std::string>{"budget", "share", "bytes", "heatmap"});
+  // Each output a link to a file of its own outside the outputs.
+  fs::create_directories(dir + "/targets");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string target = dir + "/targets/" + std::to_string(i);
+    std::ofstream(target) << "not an export";
+    fs::remove(outputs[i]);
+    fs::create_symlink(target, outputs[i]);
+  }
+  run(exports);
+  run(table);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    INFO(outputs[i]);
+    CHECK_FALSE(fs::is_symlink(outputs[i]));
+    CHECK(kvevict::test::read_text(outputs[i]).size() > 100);
+    CHECK(kvevict::test::read_text(dir + "/targets/" + std::to_string(i)) == "not an export");
+  }
+}
+
 TEST_CASE("the notebook executes headless with jupyter nbconvert", "[export][jupyter]") {
   // Not a skip: CI installs jupyter-nbconvert, python3-ipykernel, python3-pandas and
   // python3-matplotlib, and a notebook that cannot run is a broken export.

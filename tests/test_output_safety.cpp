@@ -175,3 +175,36 @@ TEST_CASE("output paths: a sweep folder's own files and folders are refused, oth
   CHECK(refusal([&] { check_output_folder(dir + "/R/svg/new", "--svg"); }).empty());
   CHECK(refusal([&] { check_output_folder(dir + "/R", "--svg"); }).empty());
 }
+
+TEST_CASE("output paths: a command's inputs are refused by inode, through links and hard links", "[output-paths]") {
+  const std::string dir = test::temp_dir("output_inputs");
+  fs::create_directories(dir + "/model");
+  std::ofstream(dir + "/model/config.json") << "{}";
+  std::ofstream(dir + "/text.txt") << "a text";
+  fs::create_symlink(dir + "/text.txt", dir + "/link.txt");
+  fs::create_hard_link(dir + "/text.txt", dir + "/hard.txt");
+  fs::create_symlink(dir + "/model", dir + "/model_link");
+  CommandInputs inputs;
+  inputs.folder(dir + "/model", "--model").file(dir + "/text.txt", "--text-file");
+  auto refusal = [&](const std::string& path) -> std::string {
+    try {
+      check_output_file(path, "--predictions", inputs);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THAT(refusal(dir + "/text.txt"), Catch::Contains("--predictions") && Catch::Contains("is --text-file"));
+  CHECK_THAT(refusal(dir + "/link.txt"), Catch::Contains("is --text-file"));
+  CHECK_THAT(refusal(dir + "/hard.txt"), Catch::Contains("is --text-file"));
+  CHECK_THAT(refusal(dir + "/model/config.json"), Catch::Contains("config.json"));
+  CHECK_THAT(refusal(dir + "/model/new.json"), Catch::Contains("lies in --model"));
+  CHECK_THAT(refusal(dir + "/model_link/new.json"), Catch::Contains("lies in --model"));
+  CHECK(refusal(dir + "/elsewhere.jsonl").empty());
+  // A folder output: the input folder itself, one inside it, and a named file that is an input.
+  CHECK_THAT(test::error_of([&] { check_output_folder(dir + "/model", "--out", inputs); }), Catch::Contains("--model"));
+  CHECK_THAT(test::error_of([&] { check_output_folder(dir + "/model/sub", "--out", inputs); }), Catch::Contains("lies in --model"));
+  CHECK_THAT(test::error_of([&] { check_output_folder(dir, "--out", inputs, {"text.txt"}); }), Catch::Contains("is --text-file"));
+  CHECK(test::error_of([&] { check_output_folder(dir + "/out", "--out", inputs, {"text.txt"}); }).empty());
+  CHECK_THAT(test::error_of([&] { check_sweep_output_folder(dir + "/model", "--out", inputs); }), Catch::Contains("--model"));
+}

@@ -97,6 +97,16 @@ TEST_CASE("every registered policy is covered by the unit tests", "[policies][un
   }
 }
 
+TEST_CASE("the registry's named defaults are registered: the full cache keeps all, the default evicts", "[policies][units]") {
+  const auto names = policy_names();
+  for (const std::string& name : {reference_policy_name(), default_eviction_policy_name()})
+    CHECK(std::find(names.begin(), names.end(), name) != names.end());
+  CHECK(make_policy(reference_policy_name(), PolicyOptions{})->keeps_everything());
+  PolicyOptions half;
+  half.budget.ratio = 0.5;
+  CHECK_FALSE(make_policy(default_eviction_policy_name(), half)->keeps_everything());
+}
+
 TEST_CASE("scored policies keep exactly the budget each step, sinks and the recent window always",
           "[policies][units]") {
   const SequenceShape shape = test::sequence_shape(90, 0, 4, 2, 3);

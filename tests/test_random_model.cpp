@@ -27,7 +27,6 @@ TEST_CASE("a model drawn from its config.json has make-random-model's weights fo
   drawn_options.random_weights_seed = 6;
   FullAttention c;
   CHECK_FALSE(torch::equal(from_file->forward(tokens, 0, a), Model::load(dir, drawn_options)->forward(tokens, 0, c)));
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("bench with a random_model config prints prefill and decode rates per dtype, context and policy",
@@ -63,5 +62,4 @@ TEST_CASE("bench with a random_model config prints prefill and decode rates per 
   const auto too_long = test::run_kvevict("bench --config " + config);
   CHECK(too_long.exit_code == 1);
   CHECK_THAT(too_long.err, Catch::Contains("\"contexts\"") && Catch::Contains("exceeds random_model.max_positions 40"));
-  std::filesystem::remove_all(dir);
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -66,13 +67,32 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
-std::string temp_dir(const std::string& name) {
+TempDir::TempDir(const std::string& name) : owner_pid_(::getpid()) {
   // The process id keeps concurrent test runs (ctest -j, other checkouts) apart.
-  auto dir = std::filesystem::temp_directory_path() /
-             ("kvevict_test_" + std::to_string(::getpid()) + "_" + name);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kvevict_test_" + std::to_string(owner_pid_) + "_" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  return dir.string();
+  path_ = dir.string();
+}
+
+TempDir::~TempDir() {
+  if (::getpid() != owner_pid_) return;
+  std::error_code ignored;  // a destructor reports nothing; a folder it cannot remove stays
+  std::filesystem::remove_all(path_, ignored);
+}
+
+namespace {
+// The running test case's folders; a static, so whatever is left goes at exit.
+std::vector<std::unique_ptr<TempDir>>& case_folders() {
+  static std::vector<std::unique_ptr<TempDir>> folders;
+  return folders;
+}
+}  // namespace
+
+std::string temp_dir(const std::string& name) {
+  case_folders().push_back(std::make_unique<TempDir>(name));
+  return case_folders().back()->path();
 }
 
 std::vector<std::string> rows_without_timing(const std::string& dir) {
@@ -108,17 +128,12 @@ std::string kvevict_binary() {
 std::string self_binary() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
 CommandResult run_command(const std::string& command_line) {
-  static int counter = 0;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("kvevict_cmd_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  std::filesystem::create_directories(dir);
-  std::string out = (dir / "out").string(), err = (dir / "err").string();
+  static std::atomic<int> counter{0};
+  const TempDir dir("cmd_" + std::to_string(counter++));
+  const std::string out = dir.path() + "/out", err = dir.path() + "/err";
   std::string cmd = command_line + " >" + out + " 2>" + err;
   int status = std::system(cmd.c_str());
-  CommandResult result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out),
-                       read_text(err)};
-  std::filesystem::remove_all(dir);
-  return result;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
 }
 
 std::pair<int, long> run_kvevict_peak_memory(const std::string& args) {
@@ -141,10 +156,14 @@ namespace {
 // LibTorch once. One socket carries the requests and the replies.
 class ForkServer {
  public:
+  ForkServer() : folder_("fork_server") {}
   ~ForkServer() {
     if (socket_ >= 0) ::close(socket_);  // the server sees end of input and exits
     if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
   }
+  // Where the runs' stdout and stderr files go: the server removes it when it ends, also
+  // when this process is killed (its end of the socket then closes).
+  const std::string& folder() const { return folder_.path(); }
 
   // The child's wait status, or nothing if the server cannot be reached.
   std::optional<int> run(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
@@ -182,9 +201,9 @@ class ForkServer {
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) return false;
     // Everything the child needs is made before fork: only dup2 and execve run after it.
     const std::string binary = KVEVICT_BINARY;
-    std::vector<std::string> environment = {"KVEVICT_FORK_SERVER=1"};
+    std::vector<std::string> environment = {"KVEVICT_FORK_SERVER=1", "KVEVICT_FORK_SERVER_FOLDER=" + folder()};
     for (char** entry = environ; *entry; ++entry)
-      if (std::string(*entry).rfind("KVEVICT_FORK_SERVER=", 0) != 0) environment.push_back(*entry);
+      if (std::string(*entry).rfind("KVEVICT_FORK_SERVER", 0) != 0) environment.push_back(*entry);
     std::vector<char*> envp;
     for (auto& entry : environment) envp.push_back(entry.data());
     envp.push_back(nullptr);
@@ -211,6 +230,7 @@ class ForkServer {
     return std::nullopt;
   }
 
+  TempDir folder_;
   std::mutex mutex_;
   int socket_ = -1;
   pid_t pid_ = -1;
@@ -232,18 +252,22 @@ CommandResult run_kvevict(const std::string& args) {
   ::wordfree(&words);
   static ForkServer server;
   static std::atomic<int> counter{0};
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("kvevict_fork_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  std::filesystem::create_directories(dir);
-  const std::string out = (dir / "out").string(), err = (dir / "err").string();
+  const int run = counter++;
+  const std::string out = server.folder() + "/" + std::to_string(run) + ".out";
+  const std::string err = server.folder() + "/" + std::to_string(run) + ".err";
+  // Each run's files go once read, also when reading them throws.
+  struct RemoveAfter {
+    std::string out, err;
+    ~RemoveAfter() {
+      std::remove(out.c_str());
+      std::remove(err.c_str());
+    }
+  } remove_after{out, err};
   const auto status = server.run(argv, out, err);
-  if (!status) {
-    std::filesystem::remove_all(dir);
-    return run_command(kvevict_binary() + " " + args);
-  }
-  CommandResult result{WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, read_text(out), read_text(err)};
-  std::filesystem::remove_all(dir);
-  return result;
+  if (!status) return run_command(kvevict_binary() + " " + args);
+  return {WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, read_text(out), read_text(err)};
 }
+
+extern "C" void kvevict_test_case_ended() { case_folders().clear(); }
 
 }  // namespace kvevict::test

@@ -27,7 +27,24 @@ const Model& stories();
 std::vector<int> golden_tokens();
 // The message of the kvevict::Error fn throws ("" when it throws none).
 std::string error_of(const std::function<void()>& fn);
-// A fresh empty temporary directory for one test.
+// A fresh empty temporary folder, $TMPDIR/kvevict_test_<pid>_<name>, removed with all it
+// holds when the object goes, by the process that made it (a forked child's exit leaves
+// it to its parent).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int owner_pid_;
+};
+// A fresh empty temporary folder owned by the running test case: a TempDir removed when
+// the case ends however it ends (a failed REQUIRE or an exception too; tests/main.cpp's
+// listener calls kvevict_test_case_ended), or at the latest when the process exits.
 std::string temp_dir(const std::string& name);
 
 // A results.csv in a fresh temporary folder `name` as an older kvevict wrote it: the
@@ -67,6 +84,10 @@ inline std::vector<int> tokens_of(int n, int seed, int vocab) {
 }
 
 }  // namespace kvevict::test
+
+// Removes the folders temp_dir made for the case that just ended (called by the test
+// runner's listener; weak there, so a runner linked without this file skips it).
+extern "C" void kvevict_test_case_ended();
 
 // Catch 2 has no SKIP. A test case that cannot run on this machine says why with this
 // and returns before any assertion; CTest reports it as skipped (SKIP_REGULAR_EXPRESSION

@@ -125,6 +125,20 @@ std::vector<std::vector<int>> analyze_sequences(const Model& model, const Analyz
   return sequences;
 }
 
+std::string analyze_model_dir(const AnalyzeArgs& a, const std::string& data_override) {
+  return a.model.empty() ? data_path("models/stories260K-hf", data_override) : a.model;
+}
+
+// What one analysis reads, which its --out must not replace: analysis.json, analysis.csv
+// and plots/ are written there.
+void check_analyze_out(const AnalyzeArgs& a, const std::string& data_override) {
+  CommandInputs inputs;
+  inputs.folder(analyze_model_dir(a, data_override), "--model").file(a.text_file, "--text-file");
+  inputs.file(a.tokens_file, "--tokens-file").file(a.config, "--config");
+  if (!a.task.empty() || !a.config.empty()) inputs.folder(data_dir(data_override), "the data folder");
+  check_output_folder(a.out, "--out", inputs, {"analysis.json", "analysis.csv", "plots"});
+}
+
 int analyze_once(const AnalyzeArgs& a, const std::string& data_override) {
   if (a.text_file.empty() && a.tokens_file.empty() && a.task.empty())
     throw Error("analyze needs --text-file, --tokens-file or --task");
@@ -138,9 +152,9 @@ int analyze_once(const AnalyzeArgs& a, const std::string& data_override) {
     if (!(b > 0 && b <= 1)) throw Error("--recall-budgets: " + std::to_string(b) + " is outside (0, 1]");
   if (!a.text_file.empty() + !a.tokens_file.empty() + !a.task.empty() > 1)
     throw Error("analyze takes one of --text-file, --tokens-file or --task");
-  if (!a.out.empty()) check_output_folder(a.out, "--out");
+  if (!a.out.empty()) check_analyze_out(a, data_override);
   for (const auto& name : options.recall_policies) make_policy(name, options.policy_options);  // unknown names fail here
-  const std::string model_dir = a.model.empty() ? data_path("models/stories260K-hf", data_override) : a.model;
+  const std::string model_dir = analyze_model_dir(a, data_override);
   const KvQuantSpec& kv_quant = options.policy_options.kv_quant;
   check_kv_quant_spec(kv_quant);
   auto model = Model::load(model_dir, a.runtime);
@@ -178,7 +192,7 @@ int analyze_once(const AnalyzeArgs& a, const std::string& data_override) {
 // --out/<name>/, all of them read and checked before the first one runs.
 int analyze_config(const AnalyzeArgs& base, const std::string& data_override) {
   if (base.out.empty()) throw Error("analyze --config needs --out DIR");
-  check_output_folder(base.out, "--out");
+  check_analyze_out(base, data_override);
   AnalyzeEntry defaults;
   defaults.limit = base.limit;
   defaults.shots = base.shots;
@@ -202,6 +216,7 @@ int analyze_config(const AnalyzeArgs& base, const std::string& data_override) {
     a.options.persistence_deltas = e.deltas;
     runs.push_back(a);
   }
+  for (const auto& a : runs) check_analyze_out(a, data_override);  // every entry's, before the first runs
   for (const auto& a : runs) {
     std::cerr << "analyze " << a.out << std::endl;
     analyze_once(a, data_override);

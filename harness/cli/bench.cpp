@@ -25,6 +25,7 @@
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/output_paths.h"
 #include "harness/common/text.h"
 #include "harness/runtime/scorer.h"
 #include "harness/eval/evaluator.h"
@@ -352,7 +353,7 @@ int bench_batch(const BenchArgs& args, const ConfigObject& config, const std::st
   const int prefill = config.integer("decode_prefill", 32, 1, kMost);
   const int steps = config.integer("decode_steps", 16, 1, kMost);
   const int repeat = config.integer("repeat", args.repeat, 1, kMost);
-  const std::string profile_policy = config.text("profile_policy", "h2o");
+  const std::string profile_policy = config.text("profile_policy", default_eviction_policy_name());
   const double budget = config.number("budget", 0.5, 0, 1);
   const int compare_batch = args.batch_size > 0 ? args.batch_size : config.integer("compare_batch", 8, 1, 4096);
   const int generation_limit = config.integer("generation_limit", 32, 0, kMost);
@@ -519,7 +520,7 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
   constexpr long long kMost = std::numeric_limits<int>::max();
   const std::string model_dir = args.model_given ? args.model : config.text("model", args.model);
   const auto tasks = config.texts("reuse_tasks", {"piqa", "copa"});
-  const auto policies = config.texts("policies", {"full", "h2o"});
+  const auto policies = config.texts("policies", {reference_policy_name(), default_eviction_policy_name()});
   const int budget_tokens = config.integer("budget_tokens", 16, 1, kMost);
   const int limit = config.integer("limit", 0, 0, kMost);
   const int repeat = config.integer("repeat", args.repeat, 1, kMost);
@@ -765,8 +766,6 @@ int run_make_random_model(const RandomModelArgs& a) {
     throw Error("make-random-model: hidden must divide by heads (or pass --head-dim), heads by kv-heads");
   if ((a.head_dim > 0 ? a.head_dim : a.hidden / a.heads) % 2 != 0)
     throw Error("make-random-model: the head width (--hidden / --heads or --head-dim) must be even for RoPE");
-  if (fs::exists(a.out) && !fs::is_directory(a.out))
-    throw Error("make-random-model: --out " + a.out + " is a file, not a folder");
   const std::vector<std::string> kTokenizerFiles = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                                                     "vocab.json", "merges.txt", "special_tokens_map.json"};
   std::vector<std::string> tokenizer_files;
@@ -776,6 +775,11 @@ int run_make_random_model(const RandomModelArgs& a) {
     if (tokenizer_files.empty())
       throw Error("make-random-model: --tokenizer-from " + a.tokenizer_from + " holds no tokenizer files");
   }
+  // --out may be an existing model folder (made again), never a sweep folder or the
+  // tokenizer's own folder.
+  std::vector<std::string> written = {"config.json", "model.safetensors"};
+  written.insert(written.end(), tokenizer_files.begin(), tokenizer_files.end());
+  check_output_folder(a.out, "--out", CommandInputs().folder(a.tokenizer_from, "--tokenizer-from"), written);
   fs::create_directories(a.out);
   const nlohmann::json config = random_model_config(a);
   // The tensors are the ones the architecture's row lists for this config, in its order.

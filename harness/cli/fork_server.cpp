@@ -1,6 +1,7 @@
 #include "harness/cli/fork_server.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,10 +55,13 @@ class FieldReader {
   size_t pos_ = 0, end_ = 0;
 };
 
+// A socket's peer that has gone (the test process killed) is an error here, not a
+// SIGPIPE: the server must live on to remove its folder.
 bool write_all(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
-    const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+    ssize_t wrote = ::send(fd, text.data() + done, text.size() - done, MSG_NOSIGNAL);
+    if (wrote < 0 && errno == ENOTSOCK) wrote = ::write(fd, text.data() + done, text.size() - done);
     if (wrote < 0 && errno == EINTR) continue;
     if (wrote <= 0) return false;
     done += static_cast<size_t>(wrote);
@@ -96,13 +100,40 @@ void exit_without_static_destructors(int code) {
   ::_exit(code);
 }
 
+namespace {
+
+// The folder the client keeps the runs' stdout and stderr files in
+// (KVEVICT_FORK_SERVER_FOLDER), removed when the server ends: the client removes each
+// run's files once read, so what a client killed mid-run leaves is the last run's files
+// and the folder. Nothing else in it is touched, so a wrong folder loses nothing.
+class RunFilesFolder {
+ public:
+  RunFilesFolder() {
+    const char* folder = std::getenv("KVEVICT_FORK_SERVER_FOLDER");
+    if (folder) folder_ = folder;
+  }
+  ~RunFilesFolder() {
+    for (const auto& file : last_run_files_) ::unlink(file.c_str());
+    if (!folder_.empty()) ::rmdir(folder_.c_str());
+  }
+  void run_writes(const std::string& out_path, const std::string& err_path) { last_run_files_ = {out_path, err_path}; }
+
+ private:
+  std::string folder_;
+  std::vector<std::string> last_run_files_;
+};
+
+}  // namespace
+
 int serve_forked_commands(CommandLineMain run) {
   FieldReader reader(0);
+  RunFilesFolder run_files;
   for (;;) {
     std::string cwd, out_path, err_path;
-    if (!reader.next(cwd)) return 0;  // the client closed stdin: done
+    if (!reader.next(cwd)) return 0;  // the client closed stdin (it finished, or it died): done
     size_t n_args = 0, n_env = 0;
     if (!reader.next(out_path) || !reader.next(err_path) || !reader.count(n_args) || n_args == 0) return 1;
+    run_files.run_writes(out_path, err_path);
     std::vector<std::string> args(n_args);
     for (auto& arg : args)
       if (!reader.next(arg)) return 1;

@@ -11,7 +11,9 @@
 //             environment count, NAME=VALUE entries
 //   reply:    the child's wait status in decimal, then '\n'
 // The server never runs an OpenMP region or starts a thread, so each child starts as a
-// fresh process would. It exits when stdin closes.
+// fresh process would. It exits when stdin closes, which is also what the death of the
+// client does; then it removes its run-files folder (KVEVICT_FORK_SERVER_FOLDER: the
+// last run's stdout and stderr files, then the folder if empty).
 #pragma once
 
 namespace kvevict {

@@ -88,10 +88,12 @@ class EvalProgress {
 int run_eval(EvalArgs& a, const Invocation& at) {
   const std::string& data_override = at.data_override;
   // What cannot work is refused before the model loads and the examples run.
-  if (!a.predictions.empty()) check_output_file(a.predictions, "--predictions");
+  if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
+  if (!a.predictions.empty())
+    check_output_file(a.predictions, "--predictions",
+                      CommandInputs().folder(a.model, "--model").folder(data_dir(data_override), "the data folder"));
   if (a.greedy && make_task(a.task)->kind() != TaskKind::Generation)
     throw Error("--greedy: task " + a.task + " does not generate (it is scored, not decoded); --greedy is for xsum and cnndm");
-  if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
   auto model = Model::load(a.model, a.runtime.options);
   use_threads_for(*model, a.runtime.options.threads);
   EvalConfig config;
@@ -203,7 +205,8 @@ int run_rouge(RougeArgs& rouge_args, const Invocation&) {
 
 int run_table(TableArgs& table_args, const Invocation&) {
   const std::string out = table_args.out.empty() ? (std::filesystem::path(table_args.dir) / "table").string() : table_args.out;
-  for (const char* extension : {".md", ".csv"}) check_output_file(out + extension, "--out");
+  const CommandInputs inputs = CommandInputs().file(results_csv_of(table_args.dir), "the results");
+  for (const char* extension : {".md", ".csv"}) check_output_file(out + extension, "--out", inputs);
   auto rows = read_results_for_export(results_csv_of(table_args.dir));
   if (!table_args.metric.empty()) {
     std::set<std::string> metrics;
@@ -231,8 +234,9 @@ int run_table(TableArgs& table_args, const Invocation&) {
 int run_export(ExportArgs& export_args, const Invocation&) {
   if (export_args.notebook.empty() && export_args.svg.empty())
     throw Error("export needs --notebook FILE.ipynb and/or --svg OUTDIR");
-  if (!export_args.notebook.empty()) check_output_file(export_args.notebook, "--notebook");
-  if (!export_args.svg.empty()) check_output_folder(export_args.svg, "--svg");
+  const CommandInputs inputs = CommandInputs().file(results_csv_of(export_args.dir), "the results");
+  if (!export_args.notebook.empty()) check_output_file(export_args.notebook, "--notebook", inputs);
+  if (!export_args.svg.empty()) check_output_folder(export_args.svg, "--svg", inputs);
   auto rows = read_results_for_export(results_csv_of(export_args.dir));
   if (!export_args.notebook.empty()) {
     write_notebook(rows, export_args.notebook);

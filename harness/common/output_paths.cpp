@@ -1,5 +1,6 @@
 #include "harness/common/output_paths.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -59,17 +60,70 @@ fs::path existing_ancestor(fs::path p) {
   return p;
 }
 
+// The checks every output folder shares: not a file, not an input nor inside an input
+// folder, and its nearest existing ancestor a writable folder.
+void check_folder_itself(const fs::path& p, const std::string& flag, const std::string& given,
+                         const CommandInputs& inputs) {
+  std::error_code error;
+  if (path_exists(p) && !fs::is_directory(p, error)) refuse(flag, given, "is a file, not a folder");
+  if (const std::string why = inputs.conflict(p.string()); !why.empty()) refuse(flag, given, why);
+  const fs::path base = existing_ancestor(p);
+  if (!fs::is_directory(base, error)) refuse(flag, given, base.string() + " is a file, not a folder");
+  if (::access(base.c_str(), W_OK) != 0) refuse(flag, given, base.string() + " is not writable");
+}
+
 }  // namespace
+
+CommandInputs& CommandInputs::file(const std::string& path, const std::string& what) {
+  add(path, false, what + " " + path);
+  return *this;
+}
+
+CommandInputs& CommandInputs::folder(const std::string& path, const std::string& what) {
+  add(path, true, what + " " + path);
+  // Its files by inode too: a model folder's files are often links into a cache (Hugging
+  // Face's blobs/), and an output linked to one must not write through to it.
+  std::error_code error, unreadable;
+  for (fs::directory_iterator it(path, error), end; !error && it != end; it.increment(error))
+    if (fs::is_regular_file(it->path(), unreadable))
+      add(it->path().string(), false, what + " " + path + "'s " + it->path().filename().string());
+  return *this;
+}
+
+void CommandInputs::add(const std::string& path, bool is_folder, const std::string& description) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return;
+  inputs_.push_back({st.st_dev, st.st_ino, is_folder, description});
+}
+
+std::string CommandInputs::conflict(const std::string& path) const {
+  if (inputs_.empty()) return "";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0)  // through a symbolic link: the file it names
+    for (const Input& input : inputs_)
+      if (input.device == st.st_dev && input.inode == st.st_ino)
+        return "is " + input.description + ", which this command reads; kvevict never overwrites its inputs (write elsewhere)";
+  // Inside an input folder: every existing folder above the resolved path, by inode.
+  for (fs::path at = resolved(path).parent_path(); !at.empty(); at = at.parent_path()) {
+    if (::stat(at.c_str(), &st) == 0)
+      for (const Input& input : inputs_)
+        if (input.is_folder && input.device == st.st_dev && input.inode == st.st_ino)
+          return "lies in " + input.description + ", a folder this command reads; kvevict never writes there (write elsewhere)";
+    if (at == at.parent_path()) break;
+  }
+  return "";
+}
 
 bool is_sweep_folder(const std::string& dir) {
   const fs::path d(dir);
   return path_exists(d / "results.csv") || path_exists(d / ".kvevict.lock") || path_exists(d / "slurm" / "sweep.json");
 }
 
-void check_output_file(const std::string& path, const std::string& flag) {
+void check_output_file(const std::string& path, const std::string& flag, const CommandInputs& inputs) {
   if (path.empty()) refuse(flag, "\"\"", "is empty");
   const fs::path p = resolved(path);
   check_not_sweep_state(p, flag, path);
+  if (const std::string why = inputs.conflict(path); !why.empty()) refuse(flag, path, why);
   std::error_code error;
   if (fs::is_directory(p, error)) refuse(flag, path, "is a folder, not a file");
   const fs::path folder = p.parent_path();
@@ -77,15 +131,29 @@ void check_output_file(const std::string& path, const std::string& flag) {
   if (::access(folder.c_str(), W_OK) != 0) refuse(flag, path, "its folder " + folder.string() + " is not writable");
 }
 
-void check_output_folder(const std::string& dir, const std::string& flag) {
+void check_output_folder(const std::string& dir, const std::string& flag, const CommandInputs& inputs,
+                         const std::vector<std::string>& file_names) {
   if (dir.empty()) refuse(flag, "\"\"", "is empty");
   const fs::path p = resolved(dir);
   check_not_sweep_state(p, flag, dir);
-  std::error_code error;
-  if (path_exists(p) && !fs::is_directory(p, error)) refuse(flag, dir, "is a file, not a folder");
-  const fs::path base = existing_ancestor(p);
-  if (!fs::is_directory(base, error)) refuse(flag, dir, base.string() + " is a file, not a folder");
-  if (::access(base.c_str(), W_OK) != 0) refuse(flag, dir, base.string() + " is not writable");
+  check_folder_itself(p, flag, dir, inputs);
+  for (const auto& name : file_names) {
+    const std::string file = (fs::path(dir) / name).string();
+    check_not_sweep_state(p / name, flag, file);
+    if (const std::string why = inputs.conflict(file); !why.empty()) refuse(flag, file, why);
+    std::error_code error;
+    if (fs::is_directory(p / name, error)) refuse(flag, file, "is a folder, not a file");
+  }
+}
+
+void check_sweep_output_folder(const std::string& dir, const std::string& flag, const CommandInputs& inputs) {
+  if (dir.empty()) refuse(flag, "\"\"", "is empty");
+  const fs::path p = resolved(dir);
+  check_folder_itself(p, flag, dir, inputs);
+  for (const char* name : {"results.csv", "config.json", ".kvevict.lock"}) {
+    const std::string file = (fs::path(dir) / name).string();
+    if (const std::string why = inputs.conflict(file); !why.empty()) refuse(flag, file, why);
+  }
 }
 
 }  // namespace kvevict

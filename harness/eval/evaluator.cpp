@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/common/enum_names.h"
+#include "harness/common/atomic_file.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
 #include "harness/eval/h2o_adaptor.h"
@@ -402,9 +403,10 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
   return result;
 }
 
+// Atomically: a reader never sees half the lines, and a symbolic link at `path` is
+// replaced rather than written through.
 void write_predictions(const EvalResult& result, const EvalConfig& config, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) throw Error(path + ": cannot write predictions");
+  std::string out;
   for (const auto& d : result.docs) {
     nlohmann::json j;
     j["task"] = config.task;
@@ -433,8 +435,9 @@ void write_predictions(const EvalResult& result, const EvalConfig& config, const
       j["rouge2"] = d.rouge.rouge2;
       j["rougeL"] = d.rouge.rougeL;
     }
-    out << j.dump() << "\n";
+    out += j.dump() + "\n";
   }
+  write_file_atomically(path, out);
 }
 
 }  // namespace kvevict

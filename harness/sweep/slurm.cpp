@@ -148,7 +148,7 @@ SlurmSubmission submit_slurm_sweep(const SweepSource& source, const std::string&
   s.shard_count = options.shards;
   if (s.folder.dir.find_first_of(" \t\n%'\"\\") != std::string::npos)
     throw Error("--out " + out + ": Slurm log paths cannot hold spaces, quotes, backslashes or %");
-  if (fs::exists(s.folder.dir) && !fs::is_directory(s.folder.dir)) throw Error("--out " + out + ": not a folder");
+  check_sweep_output_folder(out, "--out", sweep_inputs(source, plan, data_override));
   check_folder_holds_split(s.folder, plan.config, options.shards);
 
   const std::string sbatch = find_sbatch(request);

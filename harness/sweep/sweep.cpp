@@ -89,6 +89,15 @@ std::string reference_run_key(const SweepCell& cell) {
 
 }  // namespace
 
+CommandInputs sweep_inputs(const SweepSource& source, const SweepPlan& plan, const std::string& data_override) {
+  CommandInputs inputs;
+  inputs.file(source.config_path, "the sweep config").folder(data_dir(data_override), "the data folder");
+  std::set<std::string> models;
+  for (const SweepCell& cell : plan.cells)
+    if (models.insert(cell.model).second) inputs.folder(resolve_model(cell.model, data_override), "the model");
+  return inputs;
+}
+
 SweepOutcome run_sweep(const SweepSource& source, const std::string& out, Shard shard, bool wait,
                        const std::string& data_override, SweepReporter& reporter) {
   const SweepPlan plan = plan_sweep(source, data_dir(data_override));
@@ -97,7 +106,7 @@ SweepOutcome run_sweep(const SweepSource& source, const std::string& out, Shard 
   refuse_budgets_that_keep_nothing(mine, source.config_path, models);
 
   // The output folder is checked and locked before any cell runs or anything is rewritten.
-  if (fs::exists(out) && !fs::is_directory(out)) throw Error("--out " + out + ": is a file, not a folder");
+  check_sweep_output_folder(out, "--out", sweep_inputs(source, plan, data_override));
   fs::create_directories(out);
   const SweepFolder folder{out};
   FolderLock lock(out, wait, [&](const std::string& message) { reporter.waiting_for_lock(message); });
@@ -165,7 +174,9 @@ MergeOutcome run_merge(const std::vector<std::string>& dirs, const std::string& 
       if (seen.insert(key).second) rows.push_back(row);
     }
   }
-  if (fs::exists(out) && !fs::is_directory(out)) throw Error("--out " + out + ": is a file, not a folder");
+  CommandInputs shard_folders;
+  for (const auto& dir : dirs) shard_folders.folder(dir, "the shard folder");
+  check_sweep_output_folder(out, "--out", shard_folders);
   fs::create_directories(out);
   const SweepFolder merged{out};
   FolderLock lock(out, wait, [&](const std::string& message) { reporter.waiting_for_lock(message); });

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/common/output_paths.h"
 #include "harness/config/sweep_grid.h"
 #include "harness/sweep/sweep_folder.h"
 
@@ -21,6 +22,9 @@ struct SweepSource {
 };
 // The config read, overridden and expanded (errors name the file and key).
 SweepPlan plan_sweep(const SweepSource& source, const std::string& data_dir);
+// What a sweep reads (its config, the data folder, its models' folders), which its --out
+// may neither be nor lie in (check_sweep_output_folder).
+CommandInputs sweep_inputs(const SweepSource& source, const SweepPlan& plan, const std::string& data_override);
 
 // What a running sweep tells its caller; every call is optional to handle.
 class SweepReporter {
