@@ -372,6 +372,19 @@ std::vector<Case> cases() {
                  return "serve --port 0 --port-file " + dir + "/sweep/results.csv";
                },
                {"--port-file", "results.csv"}});
+  c.push_back({"flags", "serve --port-file the model's config.json (was replaced)",
+               [](const std::string& dir) {
+                 fs::copy(kvevict::test::data("models/stories260K-hf"), dir + "/model");
+                 return "serve --port 0 --model " + dir + "/model --port-file " + dir + "/model/config.json";
+               },
+               {"--port-file", "config.json"}});
+  c.push_back({"flags", "serve --port-file a link to the model's tokenizer.model (was written through)",
+               [](const std::string& dir) {
+                 fs::copy(kvevict::test::data("models/stories260K-hf"), dir + "/model");
+                 fs::create_symlink(dir + "/model/tokenizer.model", dir + "/port");
+                 return "serve --port 0 --model " + dir + "/model --port-file " + dir + "/port";
+               },
+               {"--port-file", "tokenizer.model"}});
   cli_case("--budget with --budget-tokens (was the tokens)", gen + "--policy h2o --budget 0.5 --budget-tokens 4", "--budget-tokens");
   cli_case("--budget-tokens 0", gen + "--policy h2o --budget-tokens 0", "--budget-tokens");
   cli_case("--kernel 0 (was no pooling)", gen + "--policy snapkv --budget 0.5 --kernel 0", "--kernel");

@@ -87,7 +87,7 @@ extern "C" void on_stop_signal(int) {
 
 int run_serve(ServeArgs& a, const Invocation& at) {
   if (a.model.empty()) a.model = data_path("models/stories260K-hf", at.data_override);
-  if (!a.port_file.empty()) check_output_file(a.port_file, "--port-file");
+  if (!a.port_file.empty()) check_output_file(a.port_file, "--port-file", CommandInputs().folder(a.model, "--model"));
   auto model = Model::load(a.model, a.runtime.options);
   use_threads_for(*model, a.runtime.options.threads);
   server::CompletionSettings settings;
