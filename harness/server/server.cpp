@@ -554,8 +554,10 @@ struct Server::Impl {
         body(req, res);
         if (counted) ++metrics.requests;
       } catch (const RequestError& e) {
+        ++metrics.errors;
         send_error(res, e);
       } catch (const std::exception& e) {
+        ++metrics.errors;
         send_error(res, RequestError(500, std::string("internal error: ") + e.what(), "", "server_error"));
       }
     };
@@ -603,10 +605,12 @@ struct Server::Impl {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       request_log = RequestLog{std::chrono::steady_clock::now(), 0};
       if (const std::string refusal = misdirected(req); !refusal.empty()) {
+        ++metrics.errors;
         send_error(res, RequestError(403, refusal, "", "invalid_request_error", "host_not_allowed"));
         return httplib::Server::HandlerResponse::Handled;
       }
       if (!options.api_key.empty() && req.get_header_value("Authorization") != "Bearer " + options.api_key) {
+        ++metrics.errors;
         send_error(res, RequestError(401, "missing or wrong API key: send \"Authorization: Bearer KEY\"", "",
                                      "invalid_request_error", "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
@@ -614,8 +618,10 @@ struct Server::Impl {
       return httplib::Server::HandlerResponse::Unhandled;
     });
     // httplib's own refusals (no route, a body over the limit, a malformed request line).
-    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    // Counted here, before the answer is written (the logger runs after it).
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      ++metrics.errors;
       std::string message = "HTTP " + std::to_string(res.status);
       if (res.status == 404) message = "no route " + req.method + " " + req.path;
       if (res.status == 413) message = "request body exceeds the limit";
@@ -623,7 +629,6 @@ struct Server::Impl {
       send_error(res, RequestError(res.status, message));
     });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      if (res.status >= 400) ++metrics.errors;
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - request_log.started).count();
       std::ostringstream line;
