@@ -44,10 +44,12 @@ std::string strip_trailing_space(std::string text) {
 
 }  // namespace
 
-uint64_t item_seed(int seed, const std::string& task, int length, int index) {
+uint64_t item_seed(uint64_t seed, const std::string& task, int length, int index) {
   uint64_t h = fnv1a(task);
-  for (long long part : {static_cast<long long>(seed), static_cast<long long>(length), static_cast<long long>(index)})
-    h = splitmix64(h ^ static_cast<uint64_t>(part));
+  // The seed's own bits: an int seed's items are unchanged since seeds became 64 bits.
+  for (uint64_t part : {seed, static_cast<uint64_t>(static_cast<long long>(length)),
+                        static_cast<uint64_t>(static_cast<long long>(index))})
+    h = splitmix64(h ^ part);
   return h;
 }
 

@@ -132,7 +132,7 @@ double string_match_part(const std::vector<std::string>& predictions,
 namespace long_context {
 
 // The item's seed: a hash of (seed, task, length, index).
-uint64_t item_seed(int seed, const std::string& task, int length, int index);
+uint64_t item_seed(uint64_t seed, const std::string& task, int length, int index);
 // A generator for one purpose within an item ("needles", "haystack", "positions", ...),
 // so that drawing more haystack leaves the needles and their depths as they were.
 PythonRandom stream(uint64_t item_seed, const std::string& purpose);

@@ -152,7 +152,13 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
   auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
   auto shots = int_axis(config, path, "shots", {0}, 0);
-  auto seeds = int_axis(config, path, "seeds", {42}, std::numeric_limits<int>::min());
+  std::vector<uint64_t> seeds = {42};
+  if (config.contains("seeds")) {
+    const auto& v = config["seeds"];
+    if (v.is_array() && v.empty()) throw Error(path + ": key \"seeds\" is an empty list");
+    seeds.clear();
+    for (const auto& item : v.is_array() ? v : nlohmann::json::array({v})) seeds.push_back(json_seed(item, path, "seeds"));
+  }
   // "pipelines": ["lm-eval", "h2o"] (or "pipeline": "h2o"); part of each cell's identity.
   if (config.contains("pipelines") && config.contains("pipeline"))
     throw Error(path + ": give \"pipelines\" or \"pipeline\", not both");
@@ -296,7 +302,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
      for (Pipeline pipeline : pipelines)
       for (const auto& protocol : protocols)
         for (int shot : shots)
-          for (int seed : seeds)
+          for (uint64_t seed : seeds)
             for (const auto& policy : policies)
              for (const KvQuantSpec& quant : quant_choices) {
               const auto made = make_policy(policy, base_options);  // unknown policy fails here
@@ -365,7 +371,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 if (!(e.temperature >= 0 && std::isfinite(e.temperature)))
                   throw Error(path + ": key \"temperature\" must be a finite number >= 0");
                 e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
-                e.sample_seed = static_cast<uint64_t>(seed);
+                e.sample_seed = seed;
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
                 if (config.contains("batch_size"))
                   e.batch_size = checked_int(config["batch_size"], path, "batch_size", 1, 4096);
