@@ -292,6 +292,24 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     int tokens = -1;
     double memory = -1;
   };
+  // A byte budget is a budget choice of its own, for policies that evict from a cache:
+  // beside ratio or token budgets its cells would mix two kinds of budget on one axis, and
+  // a grid where no policy can use it would run with the key ignored.
+  if (!memories.empty()) {
+    if (!budgets.empty() || !budget_tokens.empty())
+      throw Error(path + ": key \"kv_memories\" picks each cell's token budget from its bytes; give it or \"" +
+                  std::string(budgets.empty() ? "budget_tokens" : "budgets") + "\", not both");
+    bool some_policy_evicts = false;
+    for (const auto& policy : policies) {
+      const auto made = make_policy(policy, base_options);
+      if (!made->realisable())
+        throw Error(path + ": key \"kv_memories\": policy " + policy +
+                    " is sim-only and holds no cache whose bytes it could count (run it with \"budgets\" in another config)");
+      some_policy_evicts = some_policy_evicts || !made->keeps_everything();
+    }
+    if (!some_policy_evicts)
+      throw Error(path + ": key \"kv_memories\": no policy in \"policies\" evicts (each keeps every token)");
+  }
   std::vector<BudgetChoice> budget_choices;
   for (double b : budgets) budget_choices.push_back({b, -1});
   for (int t : budget_tokens) budget_choices.push_back({-1, t});
