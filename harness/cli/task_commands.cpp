@@ -92,6 +92,8 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   if (!a.predictions.empty()) check_output_file(a.predictions, "--predictions");
   if (a.greedy && make_task(a.task)->kind() != TaskKind::Generation)
     throw Error("--greedy: task " + a.task + " does not generate (it is scored, not decoded); --greedy is for xsum and cnndm");
+  if (at.command.count("--max-length") && make_task(a.task)->long_context())
+    check_max_length_holds_length(a.max_length, a.length, "--max-length", "--length");
   if (a.model.empty()) a.model = data_path("models/stories260K-hf", data_override);
   auto model = Model::load(a.model, a.runtime.options);
   use_threads_for(*model, a.runtime.options.threads);

@@ -183,6 +183,38 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
       throw Error(path + ": key \"questions\": " + e.what());
     }
   }
+  // A long-context key that no cell would read is refused, not dropped: the grid would run
+  // as if it were not there.
+  {
+    std::string long_context_tasks, depth_tasks;
+    for (const auto& task : tasks) {
+      const auto made = make_task(task);
+      if (made->long_context()) long_context_tasks += (long_context_tasks.empty() ? "" : ", ") + task;
+      if (made->needle_depth()) depth_tasks += (depth_tasks.empty() ? "" : ", ") + task;
+    }
+    std::string listed;
+    for (const auto& task : tasks) listed += (listed.empty() ? "" : ", ") + task;
+    if (long_context_tasks.empty())
+      for (const char* key : {"lengths", "depths", "questions"})
+        if (config.contains(key))
+          throw Error(path + ": key \"" + key + "\" applies to the long-context tasks (ruler_*, niah); \"tasks\" lists " +
+                      listed);
+    if (!depths.empty() && depth_tasks.empty())
+      throw Error(path + ": key \"depths\" applies to niah, whose needle depth is asked for; " + long_context_tasks +
+                  " draw their depths");
+    const bool agnostic = std::count(questions.begin(), questions.end(), QuestionMode::Agnostic) > 0;
+    const bool prefill_compress = std::any_of(protocols.begin(), protocols.end(), [](const std::string& protocol) {
+      return parse_protocol(protocol) == Protocol::PrefillCompress;
+    });
+    if (agnostic && !prefill_compress)
+      throw Error(path + ": key \"questions\": agnostic compresses the context before the question is seen, which "
+                  "needs \"protocols\" to list prefill-compress (tasks " + long_context_tasks + ")");
+    if (config.contains("max_length") && !long_context_tasks.empty())
+      for (int length : lengths)
+        check_max_length_holds_length(
+            checked_int(config["max_length"], path, "max_length", 2, std::numeric_limits<int>::max()), length,
+            path + ": key \"max_length\"", "\"lengths\" value");
+  }
   struct LongContextChoice {
     int length = 0;
     std::optional<double> depth;
