@@ -109,6 +109,7 @@ std::string format_field(const std::string& text) { return text; }
 std::string format_field(double value) { return format_number(value); }
 std::string format_field(int value) { return std::to_string(value); }
 std::string format_field(std::int64_t value) { return std::to_string(value); }
+std::string format_field(std::uint64_t value) { return std::to_string(value); }
 template <typename T>
 std::string format_field(const std::optional<T>& value) {
   return value ? format_field(*value) : std::string();
@@ -124,6 +125,11 @@ void parse_field(const std::string& column, const std::string& text, int& out) {
 }
 void parse_field(const std::string& column, const std::string& text, std::int64_t& out) {
   out = parse_int64(column, text);
+}
+void parse_field(const std::string& column, const std::string& text, std::uint64_t& out) {
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size())
+    bad_number(column, text, "an unsigned 64-bit integer");
 }
 template <typename T>
 void parse_field(const std::string& column, const std::string& text, std::optional<T>& out) {

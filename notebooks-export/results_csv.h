@@ -32,7 +32,7 @@ struct ResultRow {
   std::string score;
   std::string pipeline = "lm-eval";  // "lm-eval" or "h2o"; older files without the column read as lm-eval
   std::optional<int> shots;
-  std::optional<int> seed;
+  std::optional<std::uint64_t> seed;  // every seed is an unsigned 64-bit integer
   std::optional<int> limit;
   // Long-context tasks: the prompt length in tokens, niah's needle depth, the question
   // protocol, and what fills the context ("noise", "needle", "xsum", ...).
@@ -89,7 +89,7 @@ enum class InLabel { no, yes };
 using ResultField =
     std::variant<std::string ResultRow::*, double ResultRow::*, int ResultRow::*,
                  std::optional<double> ResultRow::*, std::optional<int> ResultRow::*,
-                 std::optional<std::int64_t> ResultRow::*>;
+                 std::optional<std::int64_t> ResultRow::*, std::optional<std::uint64_t> ResultRow::*>;
 
 struct ResultColumn {
   const char* name;

@@ -89,18 +89,38 @@ std::vector<std::string> policy_names() {
   return names;
 }
 
-std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
+namespace {
+std::unique_ptr<Policy> make_named_policy(const std::string& name, const PolicyOptions& options) {
   if (name.rfind(kAdaPrefix, 0) == 0)
-    return make_ada_kv(make_policy(name.substr(std::string(kAdaPrefix).size()), options), options);
+    return make_ada_kv(make_named_policy(name.substr(std::string(kAdaPrefix).size()), options), options);
   // "scored+pattern": heavy hitters of a scored policy on top of a static pattern.
   const size_t plus = name.find('+');
   if (plus != std::string::npos)
-    return compose_with_pattern(make_policy(name.substr(0, plus), options), make_policy(name.substr(plus + 1), options));
+    return compose_with_pattern(make_named_policy(name.substr(0, plus), options),
+                                make_named_policy(name.substr(plus + 1), options));
   for (const auto& e : kPolicies)
     if (name == e.name) return e.factory(options);
   std::string known;
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
   throw Error("unknown policy \"" + name + "\" (known: " + known + ")");
+}
+}  // namespace
+
+std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
+  auto policy = make_named_policy(name, options);
+  // Cache settings the policy has no use for are refused, not ignored: every front end
+  // (CLI, sweep cells, server) makes its policies here.
+  const KvQuantSpec& quant = options.kv_quant;
+  if (quant.memory > 0 && policy->keeps_everything())
+    throw Error(std::string(quant.keys->memory) + " picks the token budget of an evicting policy; policy " +
+                policy->name() + " keeps every token");
+  if (quant.memory > 0 && !policy->realisable())
+    throw Error(std::string(quant.keys->memory) + " is a byte budget of a cache; policy " + policy->name() +
+                " is sim-only and holds none (give it a budget)");
+  if (quant.enabled() && !policy->realisable())
+    throw Error("policy " + policy->name() + " is sim-only: it cannot run with " + quant.keys->quant +
+                " kivi, which quantizes a cache a realisable policy evicts from");
+  return policy;
 }
 
 }  // namespace kvevict

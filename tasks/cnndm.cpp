@@ -62,7 +62,7 @@ std::vector<GenerationDoc> helm_docs(const std::vector<JsonLine>& rows, const Ta
                   std::to_string(kFewshotPool) + " documents and at most " +
                   std::to_string(kFewshotPool) + " shots");
     evaluable = source.size() - kFewshotPool;
-    PythonRandom rnd(options.seed);
+    PythonRandom rnd = PythonRandom::from_seed(options.seed);
     for (size_t pick : rnd.sample(kFewshotPool, shots)) {
       const HelmDoc& example = source[evaluable + pick];
       prefix += helm_summarization_block(example.article, kInstruction) + example.summary + "\n\n";

@@ -15,10 +15,15 @@ namespace {
 constexpr size_t kN = 624, kM = 397;
 }
 
-PythonRandom::PythonRandom(long long seed) {
+PythonRandom::PythonRandom(long long seed)
+    : PythonRandom(Magnitude{seed < 0 ? 0ULL - static_cast<unsigned long long>(seed)
+                                      : static_cast<unsigned long long>(seed)}) {}
+
+PythonRandom PythonRandom::from_seed(uint64_t seed) { return PythonRandom(Magnitude{seed}); }
+
+PythonRandom::PythonRandom(Magnitude seed_magnitude) {
   // random.seed(int): the key is abs(seed) as little-endian 32-bit words ([0] for 0).
-  unsigned long long magnitude = seed < 0 ? 0ULL - static_cast<unsigned long long>(seed)
-                                          : static_cast<unsigned long long>(seed);
+  unsigned long long magnitude = seed_magnitude.value;
   std::vector<uint32_t> key;
   do {
     key.push_back(static_cast<uint32_t>(magnitude & 0xffffffffULL));
@@ -132,7 +137,7 @@ FewshotSchedule lm_eval_schedule(const std::vector<std::string>& eval_identities
   const size_t n = eval_identities.size();
   const auto shots = static_cast<size_t>(options.shots);
   FewshotSchedule schedule;
-  PythonRandom rnd(options.seed);
+  PythonRandom rnd = PythonRandom::from_seed(options.seed);
   schedule.doc_order.resize(n);
   for (size_t i = 0; i < n; ++i) schedule.doc_order[i] = i;
   if (options.lm_eval_shuffle) rnd.shuffle(schedule.doc_order);

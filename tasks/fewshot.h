@@ -19,6 +19,9 @@ namespace kvevict {
 class PythonRandom {
  public:
   explicit PythonRandom(long long seed);  // random.Random(seed)
+  // random.Random(seed) for a seed read as unsigned 64 bits (every seed kvevict reads):
+  // one above 2^63 - 1 must not be taken for a negative number.
+  static PythonRandom from_seed(uint64_t seed);
   uint32_t next_uint32();                 // genrand_uint32
   uint64_t getrandbits(int k);            // 1 <= k <= 64
   uint64_t randbelow(uint64_t n);         // _randbelow_with_getrandbits
@@ -32,6 +35,10 @@ class PythonRandom {
   }
 
  private:
+  struct Magnitude {
+    unsigned long long value;
+  };
+  explicit PythonRandom(Magnitude seed_magnitude);  // random.seed(int): keyed by abs(seed)
   std::array<uint32_t, 624> state_{};
   size_t index_ = 624;
 };

@@ -44,10 +44,12 @@ std::string strip_trailing_space(std::string text) {
 
 }  // namespace
 
-uint64_t item_seed(int seed, const std::string& task, int length, int index) {
+uint64_t item_seed(uint64_t seed, const std::string& task, int length, int index) {
   uint64_t h = fnv1a(task);
-  for (long long part : {static_cast<long long>(seed), static_cast<long long>(length), static_cast<long long>(index)})
-    h = splitmix64(h ^ static_cast<uint64_t>(part));
+  // The seed's own bits: an int seed's items are unchanged since seeds became 64 bits.
+  for (uint64_t part : {seed, static_cast<uint64_t>(static_cast<long long>(length)),
+                        static_cast<uint64_t>(static_cast<long long>(index))})
+    h = splitmix64(h ^ part);
   return h;
 }
 
@@ -133,6 +135,7 @@ const Essay& xsum_essay(const std::string& data_dir) {
   if (slot) return *slot;
   auto essay = std::make_unique<Essay>();
   const std::string path = data_file(data_dir, "xsum/xsum_test_1000.jsonl");
+  essay->path = path;
   for (const JsonLine& row : read_jsonl(path)) {
     const std::string document = row.string_field("document");
     if (!essay->text.empty()) essay->text += "\n\n";
@@ -186,14 +189,20 @@ LongContextItem LongContextGenerator::item_with_units(int index, int units) cons
 
 LongContextItem LongContextGenerator::item(int index) const {
   const int length = options_.length;
+  // A length that only some items fit would run those and refuse the rest: refused for
+  // all, the same whichever items (--limit, seed) are asked for.
+  if (const auto least = recipe_->least_length(); least && length < least->tokens)
+    throw Error(task_ + ": length " + std::to_string(length) + " is too short: every item fits from " +
+                std::to_string(least->tokens) + " (" + least->why + ")");
   auto fits = [&](const LongContextItem& item) {
     return static_cast<long long>(item.prompt_tokens) + item.tokens_to_generate <= length;
   };
   const int min_units = recipe_->min_units();
   const std::optional<int> max_units = recipe_->max_units();
   auto too_long = [&]() {
+    const std::string source = recipe_->units_source();
     return Error(task_ + ": length " + std::to_string(length) + " needs more than " + std::to_string(*max_units) +
-                 " haystack units, the most its data holds");
+                 " haystack units, the most its data holds" + (source.empty() ? "" : " (" + source + ")"));
   };
   // Galloping search from `start` for the largest number of units that fits: `best` holds
   // `lo` units and fits, `hi` units do not.

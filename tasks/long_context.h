@@ -67,6 +67,16 @@ class LongContextRecipe {
   virtual int min_units() const = 0;
   // The most units the data allows; nullopt: no limit (the essay repeats).
   virtual std::optional<int> max_units() const { return std::nullopt; }
+  // The data file the units come from, named when a length needs more than max_units().
+  virtual std::string units_source() const { return ""; }
+  // The least length at which every item fits with the fewest units, whatever its seed
+  // draws, and what that item is (for the error); nullopt where it is not known up front
+  // (an item that cannot fit is then refused as it is built).
+  struct LeastLength {
+    int tokens = 0;
+    std::string why;
+  };
+  virtual std::optional<LeastLength> least_length() const { return std::nullopt; }
   // The item with exactly `units` haystack units; prompt_tokens and length are left to
   // the generator.
   virtual LongContextItem build(uint64_t item_seed, int units) const = 0;
@@ -132,7 +142,7 @@ double string_match_part(const std::vector<std::string>& predictions,
 namespace long_context {
 
 // The item's seed: a hash of (seed, task, length, index).
-uint64_t item_seed(int seed, const std::string& task, int length, int index);
+uint64_t item_seed(uint64_t seed, const std::string& task, int length, int index);
 // A generator for one purpose within an item ("needles", "haystack", "positions", ...),
 // so that drawing more haystack leaves the needles and their depths as they were.
 PythonRandom stream(uint64_t item_seed, const std::string& purpose);
@@ -148,6 +158,7 @@ std::vector<std::string> read_word_list(const std::string& data_dir, const std::
 
 // The essay haystack: the staged XSum articles in file order, joined by blank lines.
 struct Essay {
+  std::string path;  // the file it was read from, for errors
   std::string text;
   // Each whitespace-separated word of `text`: where it starts and ends.
   std::vector<size_t> word_begin, word_end;

@@ -4,7 +4,8 @@
 // Needle "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park
 // on a sunny day.", question "What is the best thing to do in San Francisco?". The
 // haystack is the XSum essay as written (articles joined by blank lines), from the
-// article the item's seed draws, cut after a whole number of words (the units). The
+// article the item's seed draws, cut after a whole number of words (the units; after the
+// essay's last word it goes on from its first, and never past the essay's length). The
 // needle goes in at token depth d of the haystack, backed up to the previous sentence end
 // (the end at depth 1), as its own sentence. KVCache-Factory's prompt for base models,
 // without its "<|im_start|> " opener: "This is a very long story book: <book> {context}
@@ -32,12 +33,43 @@ class ClassicNiah : public LongContextRecipe {
 
   int tokens_to_generate() const override { return 30; }
   int min_units() const override { return 1; }
+  // Every word of the essay once at most: a haystack that starts over would repeat its
+  // text to fill a length the data cannot fill.
+  std::optional<int> max_units() const override { return static_cast<int>(essay_.word_begin.size()); }
+  std::string units_source() const override {
+    return essay_.path + ": " + std::to_string(essay_.word_begin.size()) + " words";
+  }
+
+  // The items with one word of haystack differ only in the article they start at: the
+  // longest of them is the least length every item fits.
+  std::optional<LeastLength> least_length() const override {
+    if (!least_) {
+      LeastLength least;
+      for (size_t first : essay_.article_first_word) {
+        const LongContextItem item = build_from(first, 1);
+        const int tokens = static_cast<int>(tokenizer_.encode(item.prompt()).size()) + tokens_to_generate();
+        if (tokens > least.tokens)
+          least = {tokens, "the longest one-word haystack of " + essay_.path + ", " +
+                               essay_.text.substr(essay_.word_begin[first], essay_.word_end[first] - essay_.word_begin[first]) +
+                               ", makes a prompt of " + std::to_string(tokens - tokens_to_generate()) +
+                               " tokens and the answer takes " + std::to_string(tokens_to_generate()) + " more"};
+      }
+      least_ = least;
+    }
+    return least_;
+  }
 
   LongContextItem build(uint64_t seed, int units) const override {
-    const size_t essay_words = essay_.word_begin.size();
     PythonRandom start_rng = stream(seed, "start");
-    const size_t first = essay_.article_first_word[start_rng.randbelow(essay_.article_first_word.size())];
-    // The haystack with the essay's own spacing; after its last word it starts over.
+    return build_from(essay_.article_first_word[start_rng.randbelow(essay_.article_first_word.size())], units);
+  }
+
+ private:
+  // The item whose haystack is `units` words from essay word `first` on.
+  LongContextItem build_from(size_t first, int units) const {
+    const size_t essay_words = essay_.word_begin.size();
+    // The haystack with the essay's own spacing; after its last word it goes on from the
+    // first (max_units: no word twice).
     std::string haystack;
     struct SentenceEnd {
       size_t offset;
@@ -97,10 +129,10 @@ class ClassicNiah : public LongContextRecipe {
     return item;
   }
 
- private:
   const Essay& essay_;
   double depth_;
   const Tokenizer& tokenizer_;
+  mutable std::optional<LeastLength> least_;
 };
 
 }  // namespace

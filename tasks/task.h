@@ -1,6 +1,7 @@
 // A task turns a real data file into scoring requests and turns the model's answers
 // back into metrics. Tasks know nothing about models: the harness scores requests.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -19,7 +20,7 @@ struct TaskOptions {
   Pipeline pipeline = Pipeline::LmEval;
   std::string data_dir;  // the shared data folder (already resolved)
   int shots = 0;         // few-shot examples per request
-  int seed = 42;         // few-shot sampling seed (lm-eval 0.3 uses 42); long-context items' seed
+  uint64_t seed = 42;    // few-shot sampling seed (lm-eval 0.3 uses 42); long-context items' seed
   int limit = -1;        // evaluate only the first `limit` documents in evaluation order (-1: all)
   // lm-eval 0.3 shuffles the evaluation documents with the seeded generator before
   // `limit` and before drawing few-shot examples; false keeps file order.

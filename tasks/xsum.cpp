@@ -81,7 +81,7 @@ class XsumTask : public Task {
                     std::to_string(kFewshotPool) + " documents and at most " +
                     std::to_string(kFewshotPool) + " shots");
       evaluable = docs.size() - kFewshotPool;
-      PythonRandom rnd(options.seed);
+      PythonRandom rnd = PythonRandom::from_seed(options.seed);
       for (size_t pick : rnd.sample(kFewshotPool, shots)) {
         const XsumDoc& example = docs[evaluable + pick];
         prefix += example_block(example.article) + example.summary + "\n" + "\n";

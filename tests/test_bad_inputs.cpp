@@ -406,7 +406,8 @@ std::vector<Case> cases() {
   cli_case("--kv-residual not a multiple of --kv-group", gen + "--kv-quant kivi --kv-group 8 --kv-residual 12", "--kv-residual");
   cli_case("--kv-memory 0", gen + "--policy h2o --kv-memory 0", "--kv-memory");
   cli_case("--kv-memory 1.5", gen + "--policy h2o --kv-memory 1.5", "--kv-memory");
-  cli_case("--kv-memory keeping no token", gen + "--policy h2o --kv-quant kivi --kv-memory 0.01", "keeps no token");
+  cli_case("--kv-memory keeping no token", gen + "--policy h2o --kv-quant kivi --kv-group 8 --kv-residual 16 --kv-memory 0.01",
+           "keeps no token");
   cli_case("--kv-memory with --budget", gen + "--policy h2o --budget 0.5 --kv-memory 0.5", "--kv-memory");
   cli_case("sim-only policy with KIVI", "perplexity --policy h2o-paper --budget 0.5 --kv-quant kivi --kv-group 8 --kv-residual 16 " + kText + " --max-tokens 20",
            "is sim-only");
@@ -495,7 +496,8 @@ std::vector<Case> cases() {
   sweep_case("limit 0 (was a failed cell per policy)", {{"limit", 0}}, "\"limit\"");
   // JSON numbers used to convert to int silently (found by fuzz_sweep_config).
   sweep_case("max_length 2.2e45 (was undefined behaviour)", {{"max_length", 2.2e45}}, "max_length");
-  sweep_case("seed 4294967338 (was read as 42)", {{"seeds", {4294967338LL}}}, "seeds");
+  sweep_case("seed -1 (was accepted)", {{"seeds", {-1}}}, "\"seeds\"");
+  sweep_case("seed 1e23 (was accepted)", {{"seeds", {1e23}}}, "\"seeds\"");
   sweep_case("shots 2.5 (was 2)", {{"shots", {2.5}}}, "shots");
   sweep_case("limit 2.5 for one task (was 2)", {{"limit", {{"copa", 2.5}}}}, "limit.copa");
   sweep_case("budget 1e-9 (was 0 tokens kept)", {{"budgets", {1e-9}}}, "5.97e-08");
@@ -1114,6 +1116,88 @@ std::vector<Case> cases() {
              {{"tasks", {"perplexity"}}, {"pipelines", {"lm-eval", "h2o"}}, {"policies", {"full"}}}, "\"tasks\"");
   sweep_case("pipeline h2o with prefill-compress on copa (was every cell failing)",
              {{"pipeline", "h2o"}, {"protocols", {"prefill-compress"}}}, "\"protocols\"");
+
+  // Issue 43, long-context tasks: refused at once, before any item is built.
+  const std::string niah = "eval --task niah --depth 0.5 --limit 1 ";
+  c.push_back({"flags", "niah --length 10^9 (was running until killed)",
+               [=](const std::string&) { return niah + "--length 1000000000"; },
+               {"--length 1000000000", "context of 512"}});
+  // Item 0 alone fits 174 tokens; others need more: refused whichever items are asked for.
+  c.push_back({"flags", "niah --length 174 --limit 1 (was run: only some items fit it)",
+               [=](const std::string&) { return niah + "--length 174"; },
+               {"niah: length 174 is too short", "every item fits from", "xsum_test_1000.jsonl"}});
+  cli_case("niah --max-length below --length (was ignored)", niah + "--length 300 --max-length 200", "--max-length 200");
+  cli_case("--seed -1 (was 2^64 - 1)", "eval --task copa --limit 2 --seed -1", "--seed");
+  c.push_back({"flags", "--seed 2^64 (was wrapped)",
+               [](const std::string&) { return "eval --task copa --limit 2 --seed 18446744073709551616"; },
+               {"--seed", "overflows"}});
+  cli_case("--seed 1e23 (was 2^64 - 1)", "generate --max-new-tokens 1 --seed 1e23", "--seed");
+  cli_case("--fewshot-seed -5 (was accepted)", "eval --task copa --limit 2 --fewshot-seed -5", "--fewshot-seed");
+  cli_case("make-random-model --seed -1 (was 2^64 - 1)", "make-random-model --out /nonexistent/r --seed -1", "--seed");
+  c.push_back({"files", "niah haystack of one three-word article (was the words repeated)",
+               [](const std::string& d) {
+                 write(d + "/data/xsum/xsum_test_1000.jsonl", R"({"document": "Cats sat down.", "summary": "Cats."})" "\n");
+                 return "--data-dir " + d + "/data eval --task niah --depth 0.5 --length 300 --limit 1 --model " +
+                        kvevict::test::data("models/stories260K-hf");
+               },
+               {"xsum_test_1000.jsonl: 3 words", "length 300"}});
+  sweep_case("lengths on copa alone (was ignored)", {{"lengths", {256}}}, "\"lengths\"");
+  sweep_case("depths with ruler_vt alone (was ignored)", {{"tasks", {"ruler_vt"}}, {"lengths", {256}}, {"depths", {0.5}}},
+             "\"depths\"");
+  sweep_case("questions agnostic under the stream protocol (was every cell skipped)",
+             {{"tasks", {"niah"}}, {"lengths", {256}}, {"depths", {0.5}}, {"questions", {"agnostic"}}}, "\"questions\"");
+  sweep_case("max_length below a length (was ignored)",
+             {{"tasks", {"niah"}}, {"lengths", {256}}, {"depths", {0.5}}, {"max_length", 100}}, "\"max_length\"");
+  sweep_case("a length past the model's context (was running until killed)",
+             {{"tasks", {"niah"}}, {"lengths", {100000}}, {"depths", {0.5}}}, "\"lengths\" 100000");
+
+  // Issue 43, KIVI and DMC: contradictions refused, not resolved silently one way.
+  cli_case("--kv-quant none --kv-bits 4 (was fp16)", gen + "--kv-quant none --kv-bits 4", "--kv-bits 4");
+  cli_case("--kv-quant kivi --kv-bits 16 (was a 2-bit cache)", gen + "--kv-quant kivi --kv-bits 16", "--kv-bits 16");
+  cli_case("--kv-bits 16 with --kv-group (was ignored)", gen + "--kv-bits 16 --kv-group 8", "--kv-group");
+  cli_case("--kv-residual 2^30 (was accepted)", gen + "--kv-quant kivi --kv-group 8 --kv-residual 1073741824", "--kv-residual");
+  cli_case("--kv-residual 2^31 - 8 (was accepted)", gen + "--kv-quant kivi --kv-group 8 --kv-residual 2147483640",
+           "--kv-residual");
+  c.push_back({"flags", "--kv-residual past the model's context (was never flushed)",
+               [=](const std::string&) { return gen + "--kv-quant kivi --kv-group 8 --kv-residual 1024"; },
+               {"--kv-residual 1024", "context of 512"}});
+  cli_case("--kv-memory with the full cache (was ignored)", gen + "--policy full --kv-memory 0.5", "--kv-memory");
+  cli_case("eval: sim-only policy with KIVI (was refused per document)",
+           "eval --task copa --limit 2 --policy h2o-paper --heavy-ratio 0.1 --recent-ratio 0.1 --kv-quant kivi "
+           "--kv-group 8 --kv-residual 16",
+           "is sim-only");
+  cli_case("perplexity --prefill 200 --max-tokens 64 (was cut to 64)", "perplexity " + kText + " --prefill 200 --max-tokens 64",
+           "--prefill 200");
+  auto dmc_case = [&](const std::string& name, const std::string& flags, std::vector<std::string> expected) {
+    c.push_back({"flags", name,
+                 [=](const std::string& d) {
+                   write(d + "/tokens.txt", "2 5 7 9 11 13 17 19");
+                   return "perplexity --model " + kvevict::test::data("models/tiny-random-llama-dmc") + " --tokens-file " +
+                          d + "/tokens.txt " + flags;
+                 },
+                 expected});
+  };
+  dmc_case("DMC with ada+h2o (was run untested)", "--policy ada+h2o --budget-tokens 4", {"ada+h2o", "DMC"});
+  dmc_case("DMC with --kv-memory (was a byte bound of rows, not slots)", "--policy h2o --kv-memory 0.5",
+           {"--kv-memory", "DMC"});
+  sweep_case("kv_memories beside budgets (was two kinds of cell)", {{"kv_memories", {0.5}}}, "\"kv_memories\"");
+  sweep_case("kv_memories with the full cache alone (was ignored)",
+             {{"policies", {"full"}}, {"budgets", nullptr}, {"kv_memories", {0.5}}}, "\"kv_memories\"");
+  sweep_case("kv_memories with a sim-only policy",
+             {{"policies", {"h2o-paper"}}, {"budgets", nullptr}, {"kv_memories", {0.5}}}, "h2o-paper");
+  c.push_back({"sweep config", "kivi with the default kv_group 32 on head_dim 8 (was each cell failing)",
+               [](const std::string& d) {
+                 write(d + "/sweep.json", R"({"tasks": ["copa"], "policies": ["h2o"], "budgets": [0.5], "limit": 2,
+                                              "kv_quant": "kivi"})");
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"sweep.json", "cell task=copa", "kv_group 32", "head_dim 8"}});
+  c.push_back({"sweep config", "kv_memories [1e-9] (was each cell failing)",
+               [](const std::string& d) {
+                 write(d + "/sweep.json", R"({"tasks": ["copa"], "policies": ["h2o"], "kv_memories": [1e-9], "limit": 2})");
+                 return "sweep " + d + "/sweep.json --out " + d + "/out";
+               },
+               {"sweep.json", "cell task=copa", "kv_memories", "keeps no token"}});
   return c;
 }
 
@@ -1121,7 +1205,7 @@ std::vector<Case> cases() {
 
 TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
   const auto all = cases();
-  REQUIRE(all.size() >= 127);  // the table's size today: a case lost is a failure
+  REQUIRE(all.size() >= 268);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.

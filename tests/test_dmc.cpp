@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -353,6 +354,20 @@ TEST_CASE("DMC that always merges keeps one slot per head, and the decode cache 
   // Decode steps after it grow the rows back only as the slots need.
   model->forward({7}, 120, block);
   CHECK(block.held_bytes() == 2 * 2 * 4 * (1 + 1 + 16) * 16 * 4);
+}
+
+TEST_CASE("dmc_init_val of +-1e308 loads and means never / always merge (any finite c is well defined)", "[dmc]") {
+  const auto golden = test::read_json(test::data("golden/dmc_tiny_T120.json"));
+  const std::vector<int> tokens = golden["tokens"].get<std::vector<int>>();
+  for (const auto& [c, rate, slots] : {std::tuple<double, double, int>{1e308, 0.0, 120}, {-1e308, 1.0, 1}}) {
+    INFO("dmc_init_val " << c);
+    auto model = load(patched_model(c > 0 ? "dmc_init_huge" : "dmc_init_tiny", test::data(kFixture), {{"dmc_init_val", c}}),
+                      "float64");
+    const auto score = score_sequence(*model, *full_policy(), Mode::Decode, tokens);
+    CHECK(score.kv.dmc_merge_rate == std::vector<double>{rate, rate});
+    for (int l = 0; l < 2; ++l) CHECK(score.kv.kept_per_head[l] == std::vector<int>(4, slots));
+    for (double lp : score.next_token_logprob) CHECK(std::isfinite(lp));
+  }
 }
 
 TEST_CASE("DMC on a GQA model: sim == decode, slots = tokens - merges", "[dmc]") {

@@ -224,9 +224,13 @@ TEST_CASE("KIVI sweep keys make cells with their own identity", "[kivi][sweep]")
                            {"kv_quant", "kivi"},           {"kv_bits", {16, 2}},
                            {"kv_group", 8},                {"kv_residual", 16},
                            {"kv_memories", {0.25, 0.5}}};
+  // A byte budget counts a cache's bytes: a sim-only policy holds no cache.
+  CHECK_THAT(error_of([&] { expand_sweep(config, "equal.json", test::data("")); }),
+             Catch::Contains("\"kv_memories\"") && Catch::Contains("h2o-paper"));
+  config["policies"] = {"full", "h2o"};
   const SweepPlan plan = expand_sweep(config, "equal.json", test::data(""));
-  // full x {16, 2}; h2o x {16, 2} x 2 memories; h2o-paper only at 16 bits (sim-only).
-  CHECK(plan.cells.size() == 2 + 4 + 2);
+  // full x {16, 2}; h2o x {16, 2} x 2 memories.
+  CHECK(plan.cells.size() == 2 + 4);
   std::set<std::string> keys;
   for (const SweepCell& cell : plan.cells) {
     keys.insert(cell.key());
@@ -238,7 +242,7 @@ TEST_CASE("KIVI sweep keys make cells with their own identity", "[kivi][sweep]")
     CHECK(row.kv_group.has_value() == (q.bits != 16));
   }
   CHECK(keys.size() == plan.cells.size());
-  CHECK(plan.skipped.size() == 1);
+  CHECK(plan.skipped.empty());
   config["kv_bits"] = {3};
   CHECK(error_of([&] { expand_sweep(config, "equal.json", test::data("")); }).find("kv_bits") != std::string::npos);
   config["kv_bits"] = {2};

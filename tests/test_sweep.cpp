@@ -2,6 +2,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "harness/common/errors.h"
 #include "harness/sweep/sweep.h"
@@ -82,7 +83,7 @@ TEST_CASE("grid expansion reads integer keys as integers that fit, never convert
   // range (undefined behaviour); 2.5 shots were 2, seed 2^32 + 42 was 42.
   const std::vector<std::pair<std::string, nlohmann::json>> bad = {
       {"max_length", 2.2e45}, {"max_length", 512.5}, {"max_length", 1}, {"shots", {2.5}},
-      {"seeds", {4294967338LL}}, {"budget_tokens", {1e10}}, {"limit", 2.5}, {"limit", {{"copa", 1e45}}},
+      {"seeds", {-1}}, {"seeds", {2.5}}, {"seeds", {1e23}}, {"budget_tokens", {1e10}}, {"limit", 2.5}, {"limit", {{"copa", 1e45}}},
       {"temperature", -1}};
   for (const auto& [key, value] : bad) {
     auto config = nlohmann::json::parse(kSmallSweep);
@@ -94,6 +95,16 @@ TEST_CASE("grid expansion reads integer keys as integers that fit, never convert
   fine["max_length"] = 512;
   fine["seeds"] = {1, 2};
   CHECK(expand_sweep(fine, "sweep.json", "").cells.front().eval.max_length == 512);
+  // A seed is any unsigned 64-bit integer, read exactly (2^32 + 42 was 42 as an int).
+  fine["seeds"] = {4294967338ULL, 18446744073709551615ULL};
+  const SweepPlan seeded = expand_sweep(fine, "sweep.json", "");
+  std::set<uint64_t> seeds;
+  for (const SweepCell& cell : seeded.cells) {
+    seeds.insert(cell.eval.task_options.seed);
+    CHECK(cell.eval.sample_seed == cell.eval.task_options.seed);
+    CHECK(identity_row(cell.model, cell.eval).seed == cell.eval.task_options.seed);
+  }
+  CHECK(seeds == std::set<uint64_t>{4294967338ULL, 18446744073709551615ULL});
 }
 
 TEST_CASE("a sweep resumes after a kill and redoes only the torn row", "[sweep]") {

@@ -68,6 +68,11 @@ TEST_CASE("PythonRandom reproduces CPython's random.Random", "[tasks][fewshot]")
   CHECK(PythonRandom(123456789012LL).sample(100, 4) == std::vector<size_t>{48, 83, 2, 33});
   // Python seeds with abs(seed).
   CHECK(PythonRandom(-42).sample(32, 5) == std::vector<size_t>{7, 1, 17, 15, 14});
+  // A seed read as unsigned 64 bits (every seed kvevict reads) past 2^63 - 1 is that
+  // number, not a negative one (python3 -c "import random; print(random.Random(2**64-1).random())").
+  CHECK(PythonRandom::from_seed(18446744073709551615ULL).random() == 0.021825695401270107);
+  CHECK(PythonRandom::from_seed(9223372036854775808ULL).random() == 0.5534639983914199);
+  CHECK(PythonRandom::from_seed(42).sample(32, 5) == std::vector<size_t>{7, 1, 17, 15, 14});
 
   // r = random.Random(42); x = list(range(10)); r.shuffle(x)
   std::vector<int> x = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};

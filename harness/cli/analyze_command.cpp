@@ -26,7 +26,8 @@ struct AnalyzeArgs {
   AnalyzeOptions options;
   std::string model, text_file, tokens_file, task, out, format = "json", config;
   std::string recall_policies;  // comma-separated; "none"; empty: the defaults
-  int max_tokens = 512, limit = 20, shots = 0, max_length = 1024, fewshot_seed = 42;
+  int max_tokens = 512, limit = 20, shots = 0, max_length = 1024;
+  uint64_t fewshot_seed = 42;
   bool bos = false;
   ModelOptions runtime;
 };

@@ -3,8 +3,13 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
+
+#include "harness/common/errors.h"
+#include "harness/common/files.h"
 
 namespace kvevict::cli {
 
@@ -33,6 +38,26 @@ inline CLI::Validator at_least(long long low) {
         return std::string();
       },
       ">= " + std::to_string(low));
+}
+
+// A seed flag, read by parse_seed (harness/common/files.h): CLI11's own conversion read
+// "-1" and "1e23" as 2^64 - 1 and wrapped numbers past it.
+template <typename Seed>
+CLI::Option* add_seed_option(CLI::App& app, const std::string& flag, Seed& seed, const std::string& help) {
+  static_assert(std::is_same_v<Seed, std::uint64_t>, "a seed is an unsigned 64-bit integer");
+  return app
+      .add_option_function<std::string>(
+          flag,
+          [&seed, flag](const std::string& text) {
+            try {
+              seed = parse_seed(text, flag);
+            } catch (const Error& e) {
+              throw CLI::ValidationError(e.what());
+            }
+          },
+          help)
+      ->default_str(std::to_string(seed))
+      ->type_name("UINT64");
 }
 
 }  // namespace kvevict::cli

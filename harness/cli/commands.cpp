@@ -19,7 +19,7 @@ int run_generate(const GenerateArgs& args) {
   auto model = Model::load(args.model, args.runtime.options);
   use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
-  policy->check_keeps_a_token(model->arch().max_positions);
+  check_policy_for_model(*policy, *model);
   std::vector<int> prompt = model->encode(args.prompt, true);
   if (prompt.empty()) throw Error("the prompt is empty and the model has no BOS token to start from");
   GenerateOptions options;
@@ -49,10 +49,14 @@ int run_generate(const GenerateArgs& args) {
 }
 
 int run_perplexity(const PerplexityArgs& args) {
+  // The prefill is a prefix of the scored tokens: one longer than them would be cut unsaid.
+  if (args.max_tokens > 0 && args.prefill > args.max_tokens)
+    throw Error("--prefill " + std::to_string(args.prefill) + " is longer than the " + std::to_string(args.max_tokens) +
+                " tokens scored (--max-tokens)");
   auto model = Model::load(args.model, args.runtime.options);
   use_threads_for(*model, args.runtime.options.threads);
   auto policy = args.policy.make();
-  policy->check_keeps_a_token(model->arch().max_positions);
+  check_policy_for_model(*policy, *model);
   std::vector<int> tokens;
   if (!args.tokens_file.empty()) {
     tokens = read_tokens_file(args.tokens_file);
@@ -61,6 +65,9 @@ int run_perplexity(const PerplexityArgs& args) {
   }
   if (args.max_tokens > 0 && static_cast<int>(tokens.size()) > args.max_tokens) tokens.resize(args.max_tokens);
   if (tokens.size() < 2) throw Error("need at least 2 tokens to score, got " + std::to_string(tokens.size()));
+  if (args.prefill > static_cast<int>(tokens.size()))
+    throw Error("--prefill " + std::to_string(args.prefill) + " is longer than the " + std::to_string(tokens.size()) +
+                " tokens of the text scored");
   auto t0 = std::chrono::steady_clock::now();
   SequenceScore score = score_sequence(*model, *policy, parse_mode(args.mode), tokens, args.prefill);
   double seconds = seconds_since(t0);

@@ -21,7 +21,7 @@ void add_generate_flags(CLI::App& cmd, GenerateArgs& gen) {
   cmd.add_option("--prompt", gen.prompt, "prompt text; empty starts from BOS")->capture_default_str();
   cmd.add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")->check(cli::at_least(1))->capture_default_str();
   cmd.add_option("--temperature", gen.temperature, "0 is greedy")->check(cli::finite_range(0, 1e6))->capture_default_str();
-  cmd.add_option("--seed", gen.seed, "sampling seed")->capture_default_str();
+  cli::add_seed_option(cmd, "--seed", gen.seed, "sampling seed");
   cmd.add_flag("--stream", gen.stream, "evict from the first prompt token instead of prefilling the prompt");
   gen.runtime.add_to(cmd);
   gen.policy.add_to(cmd);
@@ -62,7 +62,7 @@ void add_random_model_flags(CLI::App& cmd, RandomModelArgs& random_model) {
   cmd.add_option("--intermediate", random_model.intermediate)->capture_default_str();
   cmd.add_option("--vocab", random_model.vocab)->capture_default_str();
   cmd.add_option("--max-positions", random_model.max_positions)->capture_default_str();
-  cmd.add_option("--seed", random_model.seed)->capture_default_str();
+  cli::add_seed_option(cmd, "--seed", random_model.seed, "the weights' seed");
   cmd.add_option("--arch", random_model.arch, "llama or qwen3 (q/k norm, explicit head_dim)")
       ->check(CLI::IsMember({"llama", "qwen3"}))
       ->capture_default_str();

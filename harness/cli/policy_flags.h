@@ -15,12 +15,24 @@ namespace kvevict {
 // The cache's quantization (harness/common/kv_quant.h). CLI11 runs the callbacks in this
 // order, so --kv-quant kivi sees --kv-bits (2 when not given).
 inline void add_kv_quant_flags(CLI::App& app, KvQuantSpec& spec) {
-  app.add_option("--kv-bits", spec.bits, "bits per cached key/value element with --kv-quant kivi: 2 or 4")
+  // Each setting records that it was given, so check_kv_quant_spec can refuse a
+  // contradiction (kv_quant.h) instead of letting one side of it win.
+  auto setting = [&app](const std::string& flag, int& value, bool& given, const std::string& help) {
+    return app.add_option_function<int>(
+        flag,
+        [&value, &given](int v) {
+          value = v;
+          given = true;
+        },
+        help);
+  };
+  setting("--kv-bits", spec.bits, spec.bits_given, "bits per cached key/value element with --kv-quant kivi: 2 or 4")
       ->default_str("2");
-  app.add_option("--kv-group", spec.group, "KIVI group size G (keys: G tokens of a channel; values: G channels)")
-      ->capture_default_str();
-  app.add_option("--kv-residual", spec.residual, "KIVI full-precision residual R, a multiple of G")
-      ->capture_default_str();
+  setting("--kv-group", spec.group, spec.group_given,
+          "KIVI group size G (keys: G tokens of a channel; values: G channels)")
+      ->default_str(std::to_string(spec.group));
+  setting("--kv-residual", spec.residual, spec.residual_given, "KIVI full-precision residual R, a multiple of G")
+      ->default_str(std::to_string(spec.residual));
   app.add_option_function<std::string>(
       "--kv-quant",
       [&spec](const std::string& method) {

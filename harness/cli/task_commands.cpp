@@ -32,7 +32,8 @@ struct EvalArgs {
   std::string model, task, mode = "sim", protocol = "stream", score = "sum", format = "json", predictions;
   std::string pipeline = "lm-eval", question = "aware";
   bool greedy = false;
-  int shots = 0, limit = -1, max_length = 1024, fewshot_seed = 42, length = 0;
+  int shots = 0, limit = -1, max_length = 1024, length = 0;
+  uint64_t fewshot_seed = 42;
   int batch_size = 0;  // 0: default_batch_size()
   double depth = 0;  // read only when --depth is given
   bool no_bos = false, bos = false, file_order = false, helm_truncate = false;
@@ -94,6 +95,8 @@ int run_eval(EvalArgs& a, const Invocation& at) {
                       CommandInputs().folder(a.model, "--model").folder(data_dir(data_override), "the data folder"));
   if (a.greedy && make_task(a.task)->kind() != TaskKind::Generation)
     throw Error("--greedy: task " + a.task + " does not generate (it is scored, not decoded); --greedy is for xsum and cnndm");
+  if (at.command.count("--max-length") && make_task(a.task)->long_context())
+    check_max_length_holds_length(a.max_length, a.length, "--max-length", "--length");
   auto model = Model::load(a.model, a.runtime.options);
   use_threads_for(*model, a.runtime.options.threads);
   EvalConfig config;
@@ -130,7 +133,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
               << std::endl;
   // A long-context item is drawn from --seed (its answers are greedy: nothing is sampled).
   if (at.command.count("--seed") && make_task(a.task)->long_context())
-    config.task_options.seed = static_cast<int>(a.seed);
+    config.task_options.seed = a.seed;
   make_policy(config.policy, config.policy_options);  // unknown policy fails before any work
   EvalProgress progress;
   EvalResult result = evaluate(*model, config, [&progress](int done, int total) { progress(done, total); });
@@ -265,7 +268,7 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
       ->check(CLI::IsMember({"aware", "agnostic"}))
       ->capture_default_str();
   eval_cmd->add_option("--shots", a.shots, "few-shot examples")->check(cli::at_least(0))->capture_default_str();
-  eval_cmd->add_option("--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)")->capture_default_str();
+  cli::add_seed_option(*eval_cmd, "--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)");
   eval_cmd->add_option("--limit", a.limit, "evaluate only the first N documents (-1: all)")->capture_default_str();
   eval_cmd->add_option("--mode", a.mode, "sim or decode")->capture_default_str();
   eval_cmd->add_option("--protocol", a.protocol, "stream or prefill-compress")->capture_default_str();
@@ -281,8 +284,7 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
                      "of the context the choices share (the numbers are the same either way)");
   eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
   eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
-  eval_cmd->add_option("--seed", a.seed, "generation sampling seed; long-context tasks: the items' seed")
-      ->capture_default_str();
+  cli::add_seed_option(*eval_cmd, "--seed", a.seed, "generation sampling seed; long-context tasks: the items' seed");
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");
   eval_cmd->add_flag("--helm-truncate", a.helm_truncate, "XSum: cut articles to 512 words as HELM does");
   eval_cmd->add_option("--pipeline", a.pipeline,

@@ -160,4 +160,25 @@ long long json_int(const nlohmann::json& v, const std::string& where, const std:
   return v.get<long long>();
 }
 
+std::uint64_t parse_seed(const std::string& text, const std::string& name) {
+  const std::string rule = " must be an unsigned 64-bit integer, 0 to 18446744073709551615";
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(name + " " + text + rule);
+  std::uint64_t value = 0;
+  for (char c : text) {
+    const std::uint64_t digit = static_cast<std::uint64_t>(c - '0');
+    if (value > (UINT64_MAX - digit) / 10) throw Error(name + " " + text + rule + " (it overflows)");
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
+std::uint64_t json_seed(const nlohmann::json& v, const std::string& where, const std::string& key) {
+  // The JSON library reads a number past 2^64 - 1 as a float: refused with the fractions.
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<long long>() >= 0))
+    throw Error(where + ": key \"" + key + "\": " + v.dump() +
+                " is not a seed (an unsigned 64-bit integer, 0 to 18446744073709551615)");
+  return v.get<std::uint64_t>();
+}
+
 }  // namespace kvevict

@@ -1,6 +1,7 @@
 // Reading whole files, with errors that name the file.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -17,6 +18,14 @@ std::string json_error_message(const std::exception& error);
 // (found by the fuzzers); kvevict::Error "WHERE: key \"KEY\" ..." otherwise.
 long long json_int(const nlohmann::json& value, const std::string& where, const std::string& key, long long low,
                    long long high);
+
+// A seed: every seed kvevict reads (CLI flags, sweep keys) is an unsigned 64-bit decimal
+// integer, 0 .. 2^64 - 1, read strictly: a sign, a fraction, an exponent or a number
+// past 2^64 - 1 is refused naming `name`, never wrapped or clamped (CLI11 read "-1" as
+// 2^64 - 1 and "1e23" as 2^64 - 1).
+std::uint64_t parse_seed(const std::string& text, const std::string& name);
+// The same rule for a JSON value: "WHERE: key \"KEY\": ...".
+std::uint64_t json_seed(const nlohmann::json& value, const std::string& where, const std::string& key);
 
 // The file's bytes; kvevict::Error "PATH: cannot open file" when it cannot be read.
 std::string read_text_file(const std::string& path);

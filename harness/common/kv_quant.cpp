@@ -4,15 +4,29 @@
 #include <cmath>
 
 #include "harness/common/errors.h"
+#include "harness/common/limits.h"
 
 namespace kvevict {
 
 std::string kv_quant_method(const KvQuantSpec& spec) { return spec.enabled() ? "kivi" : "none"; }
 
 void set_kv_quant_method(KvQuantSpec& spec, const std::string& method) {
-  if (method == "none") spec.bits = 16;
-  else if (method == "kivi") spec.bits = spec.bits == 16 ? 2 : spec.bits;
-  else throw Error(std::string(spec.keys->quant) + ": unknown KV quantization '" + method + "' (none, kivi)");
+  const KvQuantKeys& k = *spec.keys;
+  if (method == "none") {
+    if (spec.bits_given && spec.bits != 16)
+      throw Error(std::string(k.bits) + " " + std::to_string(spec.bits) + " needs " + k.quant + " kivi (" + k.quant +
+                  " none keeps the cache at full precision)");
+    spec.bits = 16;
+  } else if (method == "kivi") {
+    // 16 is the unquantized cache's value, not a KIVI width: taking the 2-bit default
+    // for it would run another cache than the one asked for.
+    if (spec.bits_given && spec.bits == 16)
+      throw Error(std::string(k.bits) + " 16 is the unquantized cache; " + k.quant + " kivi stores 2 or 4 bits");
+    spec.bits = spec.bits == 16 ? 2 : spec.bits;
+  } else {
+    throw Error(std::string(k.quant) + ": unknown KV quantization '" + method + "' (none, kivi)");
+  }
+  spec.method_given = method;
 }
 
 void check_kv_quant_spec(const KvQuantSpec& spec) {
@@ -23,6 +37,13 @@ void check_kv_quant_spec(const KvQuantSpec& spec) {
   if (spec.residual < 1 || spec.residual % spec.group != 0)
     throw Error(std::string(k.residual) + " must be a positive multiple of " + k.group + " (" +
                 std::to_string(spec.group) + "), got " + std::to_string(spec.residual));
+  // A residual longer than any context never flushes a key: the cache would be fp16.
+  if (spec.residual > kMaxModelPositions)
+    throw Error(std::string(k.residual) + " " + std::to_string(spec.residual) + " is above " +
+                std::to_string(kMaxModelPositions) + ", the longest context a model may declare");
+  if (!spec.enabled() && (spec.group_given || spec.residual_given))
+    throw Error(std::string(spec.group_given ? k.group : k.residual) + " applies to a quantized cache (" + k.quant +
+                " kivi); this cache is unquantized");
   if (spec.memory != -1 && !(spec.memory > 0 && spec.memory <= 1))
     throw Error(std::string(k.memory) + " must be in (0, 1], got " + std::to_string(spec.memory));
 }

@@ -45,6 +45,10 @@ struct KvQuantSpec {
   int residual = 128;   // R, a multiple of G
   double memory = -1;   // --kv-memory: a byte budget as a fraction of the fp16 cache (-1: none)
   const KvQuantKeys* keys = &kKvQuantFlags;  // for error messages only
+  // Which settings the user wrote (the CLI's flags), so that a contradiction is refused
+  // rather than one of its sides silently winning: "--kv-quant none --kv-bits 4".
+  bool bits_given = false, group_given = false, residual_given = false;
+  std::string method_given;  // "none", "kivi" or "" (not given)
   bool enabled() const { return bits != 16; }
 };
 
@@ -54,7 +58,9 @@ std::string kv_quant_method(const KvQuantSpec& spec);
 void set_kv_quant_method(KvQuantSpec& spec, const std::string& method);
 
 // The rules that need no model: bits 2 or 4 (or 16 off), G >= 1, R a positive multiple
-// of G, memory in (0, 1]. Throws kvevict::Error naming the flag or key.
+// of G and at most kMaxModelPositions, memory in (0, 1], and no contradiction among the
+// settings given (bits or G or R with method none, bits 16 with kivi, G or R on an
+// unquantized cache). Throws kvevict::Error naming the flag or key.
 void check_kv_quant_spec(const KvQuantSpec& spec);
 // head_dim divisible by G (values are grouped per token by G channels).
 void check_kv_quant_head_dim(const KvQuantSpec& spec, int64_t head_dim);

@@ -1,6 +1,7 @@
 #include "harness/config/eval_config.h"
 
 #include "harness/common/enum_names.h"
+#include "harness/common/errors.h"
 #include "harness/common/version.h"
 
 namespace kvevict {
@@ -66,6 +67,13 @@ ResultRow identity_row(const std::string& model, const EvalConfig& c) {
   }
   row.version = kvevict_version();
   return row;
+}
+
+void check_max_length_holds_length(int max_length, int length, const std::string& max_length_key,
+                                   const std::string& length_key) {
+  if (max_length < length)
+    throw Error(max_length_key + " " + std::to_string(max_length) + " is below " + length_key + " " +
+                std::to_string(length) + ": a long-context prompt is fitted to its length and never cut");
 }
 
 }  // namespace kvevict

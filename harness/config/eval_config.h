@@ -59,6 +59,11 @@ struct EvalConfig {
   bool context_reuse = true;
 };
 
+// A long-context item is fitted to its length and never cut (max_length does not apply
+// to it), so a max_length given below the length would be ignored: refused, naming both.
+void check_max_length_holds_length(int max_length, int length, const std::string& max_length_key,
+                                   const std::string& length_key);
+
 // The identity columns of a configuration (outcome columns empty).
 ResultRow identity_row(const std::string& model, const EvalConfig& config);
 

@@ -29,9 +29,9 @@ PolicyParams read_policy_options(const nlohmann::json& options, const std::strin
   return params;
 }
 
-void set_run_seed(PolicyParams& params, const std::vector<const ParamSpec*>& policy_params, long long seed) {
+void set_run_seed(PolicyParams& params, const std::vector<const ParamSpec*>& policy_params, std::uint64_t seed) {
   for (const ParamSpec* spec : policy_params)
-    if (spec->takes_run_seed()) params.set(*spec, std::to_string(static_cast<std::uint64_t>(seed)), "seed");
+    if (spec->takes_run_seed()) params.set(*spec, std::to_string(seed), "seed");
 }
 
 }  // namespace kvevict

@@ -13,6 +13,6 @@ namespace kvevict {
 PolicyParams read_policy_options(const nlohmann::json& options, const std::string& path);
 
 // Sets every parameter of `policy_params` that takes the run's seed.
-void set_run_seed(PolicyParams& params, const std::vector<const ParamSpec*>& policy_params, long long seed);
+void set_run_seed(PolicyParams& params, const std::vector<const ParamSpec*>& policy_params, std::uint64_t seed);
 
 }  // namespace kvevict

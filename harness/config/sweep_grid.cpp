@@ -152,7 +152,13 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
   auto shares = axis<double>(config, path, "heavy_shares", {-1.0});
   auto protocols = axis<std::string>(config, path, "protocols", {"stream"});
   auto shots = int_axis(config, path, "shots", {0}, 0);
-  auto seeds = int_axis(config, path, "seeds", {42}, std::numeric_limits<int>::min());
+  std::vector<uint64_t> seeds = {42};
+  if (config.contains("seeds")) {
+    const auto& v = config["seeds"];
+    if (v.is_array() && v.empty()) throw Error(path + ": key \"seeds\" is an empty list");
+    seeds.clear();
+    for (const auto& item : v.is_array() ? v : nlohmann::json::array({v})) seeds.push_back(json_seed(item, path, "seeds"));
+  }
   // "pipelines": ["lm-eval", "h2o"] (or "pipeline": "h2o"); part of each cell's identity.
   if (config.contains("pipelines") && config.contains("pipeline"))
     throw Error(path + ": give \"pipelines\" or \"pipeline\", not both");
@@ -176,6 +182,38 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     } catch (const Error& e) {
       throw Error(path + ": key \"questions\": " + e.what());
     }
+  }
+  // A long-context key that no cell would read is refused, not dropped: the grid would run
+  // as if it were not there.
+  {
+    std::string long_context_tasks, depth_tasks;
+    for (const auto& task : tasks) {
+      const auto made = make_task(task);
+      if (made->long_context()) long_context_tasks += (long_context_tasks.empty() ? "" : ", ") + task;
+      if (made->needle_depth()) depth_tasks += (depth_tasks.empty() ? "" : ", ") + task;
+    }
+    std::string listed;
+    for (const auto& task : tasks) listed += (listed.empty() ? "" : ", ") + task;
+    if (long_context_tasks.empty())
+      for (const char* key : {"lengths", "depths", "questions"})
+        if (config.contains(key))
+          throw Error(path + ": key \"" + key + "\" applies to the long-context tasks (ruler_*, niah); \"tasks\" lists " +
+                      listed);
+    if (!depths.empty() && depth_tasks.empty())
+      throw Error(path + ": key \"depths\" applies to niah, whose needle depth is asked for; " + long_context_tasks +
+                  " draw their depths");
+    const bool agnostic = std::count(questions.begin(), questions.end(), QuestionMode::Agnostic) > 0;
+    const bool prefill_compress = std::any_of(protocols.begin(), protocols.end(), [](const std::string& protocol) {
+      return parse_protocol(protocol) == Protocol::PrefillCompress;
+    });
+    if (agnostic && !prefill_compress)
+      throw Error(path + ": key \"questions\": agnostic compresses the context before the question is seen, which "
+                  "needs \"protocols\" to list prefill-compress (tasks " + long_context_tasks + ")");
+    if (config.contains("max_length") && !long_context_tasks.empty())
+      for (int length : lengths)
+        check_max_length_holds_length(
+            checked_int(config["max_length"], path, "max_length", 2, std::numeric_limits<int>::max()), length,
+            path + ": key \"max_length\"", "\"lengths\" value");
   }
   struct LongContextChoice {
     int length = 0;
@@ -286,6 +324,24 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     int tokens = -1;
     double memory = -1;
   };
+  // A byte budget is a budget choice of its own, for policies that evict from a cache:
+  // beside ratio or token budgets its cells would mix two kinds of budget on one axis, and
+  // a grid where no policy can use it would run with the key ignored.
+  if (!memories.empty()) {
+    if (!budgets.empty() || !budget_tokens.empty())
+      throw Error(path + ": key \"kv_memories\" picks each cell's token budget from its bytes; give it or \"" +
+                  std::string(budgets.empty() ? "budget_tokens" : "budgets") + "\", not both");
+    bool some_policy_evicts = false;
+    for (const auto& policy : policies) {
+      const auto made = make_policy(policy, base_options);
+      if (!made->realisable())
+        throw Error(path + ": key \"kv_memories\": policy " + policy +
+                    " is sim-only and holds no cache whose bytes it could count (run it with \"budgets\" in another config)");
+      some_policy_evicts = some_policy_evicts || !made->keeps_everything();
+    }
+    if (!some_policy_evicts)
+      throw Error(path + ": key \"kv_memories\": no policy in \"policies\" evicts (each keeps every token)");
+  }
   std::vector<BudgetChoice> budget_choices;
   for (double b : budgets) budget_choices.push_back({b, -1});
   for (int t : budget_tokens) budget_choices.push_back({-1, t});
@@ -296,7 +352,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
      for (Pipeline pipeline : pipelines)
       for (const auto& protocol : protocols)
         for (int shot : shots)
-          for (int seed : seeds)
+          for (uint64_t seed : seeds)
             for (const auto& policy : policies)
              for (const KvQuantSpec& quant : quant_choices) {
               const auto made = make_policy(policy, base_options);  // unknown policy fails here
@@ -365,7 +421,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 if (!(e.temperature >= 0 && std::isfinite(e.temperature)))
                   throw Error(path + ": key \"temperature\" must be a finite number >= 0");
                 e.greedy = config.value("greedy", false);  // XSum under pipeline h2o
-                e.sample_seed = static_cast<uint64_t>(seed);
+                e.sample_seed = seed;
                 if (config.contains("bos")) e.bos = config["bos"].get<bool>();
                 if (config.contains("batch_size"))
                   e.batch_size = checked_int(config["batch_size"], path, "batch_size", 1, 4096);

@@ -358,6 +358,15 @@ int default_batch_size(const Model& model) {
   return model.device().is_cpu() ? 8 : 32;
 }
 
+void check_eval_for_model(const Model& model, const EvalConfig& config, const std::string& length_key) {
+  check_policy_for_model(*make_policy(config.policy, config.policy_options), model);
+  const int64_t context = model.arch().max_positions;
+  if (make_task(config.task)->long_context() && config.task_options.length > context)
+    throw Error(length_key + " " + std::to_string(config.task_options.length) + " for " + config.task +
+                " is longer than the model's context of " + std::to_string(context) +
+                " tokens (config.json max_position_embeddings): a fitted prompt is never cut");
+}
+
 EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progress& progress,
                     std::optional<EvalResult>* full_cache) {
   // Requests never exceed the model's context, as lm-eval's max_length.
@@ -366,7 +375,7 @@ EvalResult evaluate(const Model& model, const EvalConfig& requested, const Progr
     throw Error("max length " + std::to_string(config.max_length) + " must be at least 2 tokens");
   config.max_length = std::min<int>(config.max_length, static_cast<int>(model.arch().max_positions));
   // No request is longer than the model's context, so a ratio that keeps 0 tokens there never keeps one.
-  make_policy(config.policy, config.policy_options)->check_keeps_a_token(model.arch().max_positions);
+  check_eval_for_model(model, config);
   const int limit = config.task_options.limit;
   if (limit == 0 || limit < -1)
     throw Error("limit must be a positive number of documents (or -1 for all), got " + std::to_string(limit));

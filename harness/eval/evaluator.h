@@ -55,6 +55,12 @@ int default_batch_size(const Model& model);
 // Called after each document: (done, total).
 using Progress = std::function<void(int, int)>;
 
+// What an evaluation needs of its model, checked before any of the model's work (evaluate
+// runs it; a sweep runs it for every cell before the first): the policy's
+// (check_policy_for_model), and a long-context length within the model's context (items
+// are fitted to it and never cut). `length_key` names the length where the user wrote it.
+void check_eval_for_model(const Model& model, const EvalConfig& config, const std::string& length_key = "--length");
+
 // Runs one evaluation. `full_cache` may hold an earlier full-cache run of the same
 // task settings (to skip recomputing it for agreement); it is filled when empty.
 EvalResult evaluate(const Model& model, const EvalConfig& config, const Progress& progress = {},

@@ -1,6 +1,7 @@
 #include "harness/model/architecture.h"
 
 #include <cmath>
+#include <limits>
 
 #include "harness/common/errors.h"
 #include "harness/common/text.h"
@@ -104,7 +105,10 @@ DmcSpec read_dmc(const ArchSpec& a, const nlohmann::json& config, const std::str
     throw Error(path + ": key \"" + key + "\" (DMC) needs \"" + (has_window ? kInit : kWindow) + "\" too");
   DmcSpec dmc;
   dmc.window = config_int(config, path, kWindow, 1, kMaxPositions);
-  dmc.init_val = config_double_or(config, path, kInit, 0, -1e30, 1e30);
+  // Any finite c is well defined (dmc.cpp: k - c > 0 merges, sigmoid(q + c) weighs): a huge
+  // one means "never merge" (+) or "always merge" (-), so only a non-finite value is refused.
+  const double largest = std::numeric_limits<double>::max();
+  dmc.init_val = config_double_or(config, path, kInit, 0, -largest, largest);
   // The decision and the importance live in the last dimension of each head.
   if (a.head_dim < 2)
     throw Error(path + ": key \"" + std::string(kWindow) + "\" (DMC) needs head_dim of at least 2, not " +

@@ -407,22 +407,42 @@ std::vector<torch::Tensor> per_head(const torch::Tensor& x) {
   return heads;
 }
 
-// Over DMC's slots run the full cache and every realisable policy whose heads decide on
-// their own; a quantized store of merged slots is not implemented.
-void check_dmc_policy(const Policy& policy) {
-  if (policy.options().kv_quant.enabled())
-    throw Error("--kv-quant over a DMC model (config.json dmc_window_size) is not implemented");
+}  // namespace
+
+// DMC merges each KV head's slots on its own: heads that keep the same slots cannot
+// follow, and heads that decide together (Ada-KV's layer-wide ranking) are not implemented.
+void refuse_heads_deciding_together(const Policy& policy, bool same_slots, bool lockstep) {
+  if (same_slots)
+    throw Error("policy " + policy.name() + " keeps the same slots in every KV head of a layer, but a DMC model "
+                "(config.json dmc_window_size) merges each head's slots on its own");
+  if (lockstep)
+    throw Error("policy " + policy.name() + " decides for a layer's KV heads together; over a DMC model "
+                "(config.json dmc_window_size), whose heads merge their slots each on its own, that is not implemented");
+}
+
+void check_dmc_policy(const Policy& policy, const SequenceShape* shape) {
+  const KvQuantSpec& quant = policy.options().kv_quant;
+  if (quant.enabled())
+    throw Error(std::string(quant.keys->quant) + " over a DMC model (config.json dmc_window_size) is not implemented");
+  // The byte bound counts one cache row per token; DMC's slots hold runs of merged tokens.
+  if (quant.memory > 0 && !policy.keeps_everything())
+    throw Error(std::string(quant.keys->memory) + " over a DMC model (config.json dmc_window_size) is not implemented: "
+                "its byte bound counts a row per token, DMC's slots merge tokens (give a token budget)");
   if (!policy.realisable())
     throw Error("policy " + policy.name() + " is sim-only; over a DMC model (config.json dmc_window_size) only "
                 "realisable policies run, on its merged slots");
+  if (shape && !policy.keeps_everything()) {
+    const LayerStates states = policy.as_realisable()->make_layer_states(0, *shape);
+    refuse_heads_deciding_together(policy, states.same_slots, states.lockstep);
+  }
 }
+
+namespace {
 
 // A driver over DMC's slots (SlotColumns::Versions).
 std::unique_ptr<PolicyDriver> make_dmc_driver(const Policy& policy, int layer, const SequenceShape& shape) {
   auto driver = std::make_unique<PolicyDriver>(*policy.as_realisable(), layer, shape, 0, SlotColumns::Versions);
-  if (driver->same_slots())
-    throw Error("policy " + policy.name() + " keeps the same slots in every KV head of a layer, but a DMC model "
-                "(config.json dmc_window_size) merges each head's slots on its own");
+  refuse_heads_deciding_together(policy, driver->same_slots(), driver->lockstep());
   return driver;
 }
 

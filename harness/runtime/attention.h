@@ -66,6 +66,14 @@ class FullAttention : public AttentionBackend {
   int64_t block_rows_ = 0;
 };
 
+// Over a DMC model's slots run the full cache and every realisable policy whose heads
+// decide each on its own, with a token budget; a quantized store of merged slots and a
+// byte budget (--kv-memory) are not implemented. Throws naming the flag or policy. With a
+// shape, also whether the policy's heads decide on their own (the backends learn that from
+// their drivers).
+void check_dmc_policy(const Policy& policy, const SequenceShape* shape = nullptr);
+void refuse_heads_deciding_together(const Policy& policy, bool same_slots, bool lockstep);
+
 // The most a sim-only policy's [heads, T, T] float32 layer matrix may take (SimAttention
 // refuses a longer sequence): 16 GiB is 32 heads at T = 11585.
 constexpr int64_t kSimOnlyLayerBytesMax = int64_t{16} << 30;

@@ -81,6 +81,8 @@ class PolicyDriver {
   int n_kv_heads() const { return static_cast<int>(heads_.size()); }
   // The heads hold the same slots (LayerStates::same_slots): they cannot follow DMC's merges.
   bool same_slots() const { return same_slots_; }
+  // The heads decide together (LayerStates::lockstep).
+  bool lockstep() const { return lockstep_; }
   // CacheRows: the cache row of each slot of a head, in slot order (Positions: the position).
   const std::vector<int>& columns(int kv_head) const { return heads_[kv_head].columns; }
   const LayerState& state(int kv_head) const { return *heads_[kv_head].state; }

@@ -7,6 +7,8 @@
 
 #include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
+#include "harness/common/limits.h"
+#include "harness/runtime/attention.h"
 
 namespace kvevict {
 
@@ -26,6 +28,24 @@ SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   shape.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
   shape.head_dim = static_cast<int>(model.arch().head_dim);
   return shape;
+}
+
+void check_policy_for_model(const Policy& policy, const Model& model) {
+  const int64_t context = std::min<int64_t>(model.arch().max_positions, kMaxModelPositions);
+  policy.check_keeps_a_token(context);
+  const KvQuantSpec& quant = policy.options().kv_quant;
+  check_kv_quant_head_dim(quant, model.arch().head_dim);
+  if (quant.enabled() && quant.residual > context)
+    throw Error(std::string(quant.keys->residual) + " " + std::to_string(quant.residual) +
+                " is longer than the model's context of " + std::to_string(context) +
+                " tokens: no key would ever be quantized");
+  // A byte budget that keeps no token of a request of the whole context keeps none of any.
+  if (quant.memory > 0 && !policy.keeps_everything() && !model.arch().dmc.enabled())
+    policy.layer_budget(0, shape_for(model, static_cast<int>(context), 0));
+  if (model.arch().dmc.enabled()) {
+    const SequenceShape shape = shape_for(model, static_cast<int>(context), 0);
+    check_dmc_policy(policy, &shape);
+  }
 }
 
 std::vector<TokenLogprob> top_logprobs(const double* logprobs, int vocab, int k) {

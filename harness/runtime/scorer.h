@@ -16,6 +16,13 @@ namespace kvevict {
 // The policy's view of a sequence on this model.
 SequenceShape shape_for(const Model& model, int length, int prefill_len);
 
+// What a policy and its cache settings need of a model, checked once, after the model's
+// config is read and before any of its work: a ratio or byte budget that keeps a token
+// at the model's whole context, KIVI's group dividing head_dim and its residual within
+// the context, and, over a DMC model, a policy that runs on its slots. Throws naming the
+// flag or key (the options' `keys`).
+void check_policy_for_model(const Policy& policy, const Model& model);
+
 // One entry of a row's most likely tokens: its id and log-prob (float64 log-softmax).
 struct TokenLogprob {
   int token = 0;

@@ -136,7 +136,7 @@ Completer::Completer(const Model& model, CompletionSettings settings)
     : model_(model), settings_(std::move(settings)) {
   std::shared_ptr<Policy> policy = make_policy(settings_.policy, settings_.policy_options);
   policy->check_options_taken([](const ParamSpec& p) { return p.cli_flag(); });
-  policy->check_keeps_a_token(model_.arch().max_positions);
+  check_policy_for_model(*policy, model_);
   policy_ = std::move(policy);
   model_.require_tokenizer();
   if (settings_.batch_size < 1) throw Error("--batch-size must be at least 1");
@@ -168,7 +168,7 @@ Completer::Prepared Completer::prepare(const CompletionRequest& request) const {
     try {
       std::shared_ptr<Policy> own = make_policy(name, request.policy.options);
       own->check_options_taken([](const ParamSpec& p) { return "kvevict." + p.key(); });
-      own->check_keeps_a_token(model_.arch().max_positions);
+      check_policy_for_model(*own, model_);
       prepared.policy = std::move(own);
     } catch (const Error& e) {
       throw RequestError(400, e.what(), "kvevict");

@@ -64,17 +64,19 @@ class ModelCache {
   std::set<std::string> failed_;
 };
 
-// A ratio budget that keeps 0 tokens even on a request of its model's whole context
-// would run every document with an empty cache: refused before the output folder is
-// touched. A model that fails to load is left for its cells to report.
-void refuse_budgets_that_keep_nothing(const std::vector<const SweepCell*>& cells, const std::string& config_path,
-                                      ModelCache& models) {
+// Cells that cannot run on their model (a ratio or byte budget that keeps 0 tokens even on
+// a request of the model's whole context, a KIVI group that does not divide head_dim, a
+// length past the context, ...) are refused, naming the cell, before the output folder
+// is touched and before any cell runs. A model that fails to load is left for its cells
+// to report.
+void refuse_cells_the_model_cannot_run(const std::vector<const SweepCell*>& cells, const std::string& config_path,
+                                       ModelCache& models) {
   for (const SweepCell* cell : cells)
     if (const Model* model = models.try_get(cell->model)) {
       try {
-        make_policy(cell->eval.policy, cell->eval.policy_options)->check_keeps_a_token(model->arch().max_positions);
+        check_eval_for_model(*model, cell->eval, "\"lengths\"");
       } catch (const Error& e) {
-        throw Error(config_path + " (model " + cell->model + "): " + e.what());
+        throw Error(config_path + " (model " + cell->model + "): cell " + cell_label(*cell) + ": " + e.what());
       }
     }
 }
@@ -103,7 +105,7 @@ SweepOutcome run_sweep(const SweepSource& source, const std::string& out, Shard 
   const SweepPlan plan = plan_sweep(source, data_dir(data_override));
   const std::vector<const SweepCell*> mine = shard_cells(plan, shard);
   ModelCache models(plan, data_override);
-  refuse_budgets_that_keep_nothing(mine, source.config_path, models);
+  refuse_cells_the_model_cannot_run(mine, source.config_path, models);
 
   // The output folder is checked and locked before any cell runs or anything is rewritten.
   check_sweep_output_folder(out, "--out", sweep_inputs(source, plan, data_override));
