@@ -396,6 +396,14 @@ std::unique_ptr<LongContextGenerator> make_long_context_generator(const std::str
 
 // --- RULER's scoring ----------------------------------------------------------------
 
+std::string ruler_subtask_name(const std::string& task) {
+  const std::string prefix = "ruler_";
+  if (task.rfind(prefix, 0) != 0) return "";
+  const auto names = task_names();
+  if (std::find(names.begin(), names.end(), task) == names.end()) return "";
+  return task.substr(prefix.size());
+}
+
 std::string ruler_postprocess(const std::string& prediction) {
   std::string text = python_strip(prediction);
   for (char& c : text)

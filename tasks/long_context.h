@@ -120,6 +120,10 @@ enum class LongContextScoring {
 std::unique_ptr<Task> make_long_context_task(std::string name, LongContextRecipeFactory recipe,
                                              LongContextScoring scoring);
 
+// RULER's own name for a registered ruler_* task (niah_single_1, vt, cwe, fwe: the
+// folder names of RULER's and kvpress's data); "" for any other task, niah included.
+std::string ruler_subtask_name(const std::string& task);
+
 // --- RULER's scoring ---------------------------------------------------------------
 
 // postprocess_pred: strip(), every character in [\x00-\x1f] becomes "\n", strip().

@@ -14,6 +14,7 @@
 #include "harness/cli/commands.h"
 #include "harness/common/data_dir.h"
 #include "harness/common/errors.h"
+#include "harness/sweep/kvpress_leaderboard.h"
 #include "harness/common/files.h"
 #include "harness/common/output_paths.h"
 #include "harness/eval/evaluator.h"
@@ -54,7 +55,7 @@ struct TableArgs {
 };
 
 struct ExportArgs {
-  std::string dir, notebook, svg;
+  std::string dir, notebook, svg, format, out;
 };
 
 std::string results_csv_of(const std::string& dir) { return (std::filesystem::path(dir) / "results.csv").string(); }
@@ -235,11 +236,25 @@ int run_table(TableArgs& table_args, const Invocation&) {
 }
 
 int run_export(ExportArgs& export_args, const Invocation&) {
-  if (export_args.notebook.empty() && export_args.svg.empty())
-    throw Error("export needs --notebook FILE.ipynb and/or --svg OUTDIR");
+  if (export_args.notebook.empty() && export_args.svg.empty() && export_args.format.empty())
+    throw Error("export needs --notebook FILE.ipynb, --svg OUTDIR and/or --format kvpress-leaderboard");
+  if (!export_args.out.empty() && export_args.format.empty())
+    throw Error("--out: names the leaderboard's folder, and needs --format kvpress-leaderboard");
   const CommandInputs inputs = CommandInputs().file(results_csv_of(export_args.dir), "the results");
   if (!export_args.notebook.empty()) check_output_file(export_args.notebook, "--notebook", inputs);
   if (!export_args.svg.empty()) check_output_folder(export_args.svg, "--svg", inputs);
+  if (!export_args.format.empty()) {
+    const std::string out = export_args.out.empty()
+                                ? (std::filesystem::path(export_args.dir) / "kvpress-leaderboard").string()
+                                : export_args.out;
+    check_output_folder(out, "--out", inputs);
+    std::vector<std::string> notes;
+    const auto runs = leaderboard_runs(export_args.dir, &notes);
+    for (const auto& note : notes) std::cerr << "note: " << note << "\n";
+    if (runs.empty()) throw Error(export_args.dir + ": no RULER cell with predictions to export (see the notes)");
+    for (const auto& run : runs) std::cerr << "wrote " << write_leaderboard_run(run, out) << "\n";
+    if (export_args.notebook.empty() && export_args.svg.empty()) return 0;
+  }
   auto rows = read_results_for_export(results_csv_of(export_args.dir));
   if (!export_args.notebook.empty()) {
     write_notebook(rows, export_args.notebook);
@@ -320,6 +335,12 @@ void add_export_flags(CLI::App& cmd, ExportArgs& export_args) {
   export_cmd->add_option("dir", export_args.dir, "sweep output folder")->required();
   export_cmd->add_option("--notebook", export_args.notebook, "write an nbformat-4 notebook here");
   export_cmd->add_option("--svg", export_args.svg, "write standalone SVG plots into this folder");
+  export_cmd->add_option("--format", export_args.format,
+                         "kvpress-leaderboard: each RULER run (policy, budget, question mode, length) as a folder "
+                         "with config.yaml, metrics.json and predictions.csv")
+      ->check(CLI::IsMember({"kvpress-leaderboard"}));
+  export_cmd->add_option("--out", export_args.out,
+                         "with --format: the folder the runs' folders go into (default: DIR/kvpress-leaderboard)");
 }
 
 }  // namespace

@@ -434,6 +434,7 @@ void write_predictions(const EvalResult& result, const EvalConfig& config, const
       j["haystack"] = doc.haystack;
       j["prompt_tokens"] = doc.prompt_tokens;
       j["prompt"] = doc.prompt;
+      if (doc.question_offset) j["question"] = doc.prompt.substr(*doc.question_offset);
       j["references"] = doc.references;
       j["prediction"] = d.generated;
       j["score"] = d.score;
