@@ -111,51 +111,38 @@ class RawConnection {
   }
   // Everything the server sends until it closes the connection, or until `seconds` pass.
   std::string read_all(double seconds) {
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    char buffer[65536];
-    while (fd_ >= 0) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
-      if (n <= 0) break;
-      out.append(buffer, static_cast<size_t>(n));
-    }
-    return out;
+    return receive_until([](const std::string&) { return false; }, seconds);
   }
-  // Reads until `count` answers' heads have come (or `seconds` pass).
+  // Reads until `count` answers' heads have come (or `seconds` pass), then what follows
+  // them at once (the last answer's body).
   std::string read_answers(int count, double seconds) {
-    std::string out;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-    char buffer[65536];
-    auto answers = [&] {
+    auto answered = [count](const std::string& out) {
       int n = 0;
       for (size_t at = out.find("HTTP/1.1 "); at != std::string::npos; at = out.find("HTTP/1.1 ", at + 1)) ++n;
-      return n;
+      return n >= count;
     };
-    while (fd_ >= 0 && answers() < count) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
-      if (n <= 0) break;
-      out.append(buffer, static_cast<size_t>(n));
-    }
-    // The last answer's body may still be on its way.
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    pollfd p{fd_, POLLIN, 0};
-    while (fd_ >= 0 && ::poll(&p, 1, 0) > 0) {
-      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, MSG_DONTWAIT);
-      if (n <= 0) break;
-      out.append(buffer, static_cast<size_t>(n));
-    }
-    return out;
+    std::string out = receive_until(answered, seconds);
+    return out + receive_until([](const std::string&) { return false; }, 0.05);
   }
 
  private:
+  // Appends what arrives until `done(received)`, the server closes, or `seconds` pass.
+  template <typename Done>
+  std::string receive_until(Done done, double seconds) {
+    std::string out;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    char buffer[65536];
+    while (fd_ >= 0 && !done(out)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0) break;
+      out.append(buffer, static_cast<size_t>(n));
+    }
+    return out;
+  }
   int fd_ = -1;
 };
 
