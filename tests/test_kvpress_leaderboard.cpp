@@ -56,10 +56,17 @@ TEST_CASE("the kvpress leaderboard writer: metrics by hand, the folder's name, t
   const std::string dir = test::temp_dir("leaderboard_writer");
   const std::string folder = write_leaderboard_run(run, dir);
   CHECK(folder == dir + "/ruler__4096__stories260K-hf__snapkv__0.75");
-  const std::string csv = test::read_text(folder + "/predictions.csv");
-  CHECK(csv.rfind("index,task,context_length,question,answer,predicted_answer\n", 0) == 0);
-  CHECK(csv.find("1,niah_single_1,3990,What is the special magic number for y?,\"[\"\"777\"\"]\",\"777, \"\"quoted\"\"\nnext line\"\n") !=
-        std::string::npos);
+  // The files, byte for byte, as written by hand.
+  CHECK(test::read_text(folder + "/predictions.csv") ==
+        "index,task,context_length,question,answer,predicted_answer\n"
+        "0,niah_single_1,4000,\"What is the special magic number for x?\nAnswer:\",\"[\"\"1234\"\"]\", The number is 12\x01" "34.\n"
+        "1,niah_single_1,3990,What is the special magic number for y?,\"[\"\"777\"\"]\",\"777, \"\"quoted\"\"\nnext line\"\n"
+        "0,vt,4010,Question: Find all variables,\"[\"\"AB\"\",\"\"cd\"\",\"\"EF\"\",\"\"gh\"\"]\",\"ab, CD\"\n"
+        "1,vt,4011,Question: Find all variables,\"[\"\"X1\"\",\"\"Y2\"\"]\",x1 y2\n");
+  CHECK(test::read_text(folder + "/metrics.json") ==
+        "{\n    \"average\": {\n        \"string_match\": 62.5\n    },\n"
+        "    \"niah_single_1\": {\n        \"string_match\": 50.0\n    },\n"
+        "    \"vt\": {\n        \"string_match\": 75.0\n    }\n}\n");
   // Read back: the same rows, and the metrics recompute from them exactly.
   const auto back = read_leaderboard_predictions(folder + "/predictions.csv");
   REQUIRE(back.size() == run.predictions.size());
@@ -76,7 +83,6 @@ TEST_CASE("the kvpress leaderboard writer: metrics by hand, the folder's name, t
   for (const char* line : {"dataset: ruler\n", "data_dir: '4096'\n", "model: stories260K-hf\n", "press_name: snapkv\n",
                            "compression_ratio: 0.75\n", "query_aware: false\n", "seed: 1\n", "harness: kvevict\n"})
     CHECK(yaml.find(line) != std::string::npos);
-  CHECK(test::read_text(folder + "/metrics.json").find("\"string_match\": 62.5") != std::string::npos);
 
   // A malformed file is refused naming its line.
   std::ofstream(dir + "/bad.csv") << "index,task,context_length,question,answer,predicted_answer\n0,vt,12,q,[1],x\n";
