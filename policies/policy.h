@@ -29,6 +29,9 @@ struct PolicyOptions {
 
 // GQA: how a KV head aggregates the attention of its query heads (scored and pattern policies).
 extern const ParamSpec kGroupReduce;
+// Attention-sink tokens a policy always keeps (streamingllm, lagkv).
+inline const ParamSpec kSink =
+    ParamSpec::integer("n_sink", 4, "streamingllm/lagkv: attention-sink tokens always kept").at_least(0);
 
 // What a policy may read of a token as it enters a KV head's cache (LayerState::append):
 // its key's L2 norm always, and its key and value vectors (float32, head_dim each; the
