@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "policies/policy.h"
@@ -60,15 +61,16 @@ class LagKVPolicy : public ScoredPolicy {
     }
     const int chunks = m / L, tail = first + (chunks - 1) * L;
     std::vector<double> combined(L);
+    std::vector<int> order(L);
     for (int j = 0; j + 1 < chunks; ++j) {
       const int start = first + j * L;
       std::fill(combined.begin(), combined.end(), 0.0);
       for (int part = 0; part < 2; ++part) add_lag_scores(head, start, part, &combined);
-      for (int t = 0; t < L; ++t) {
-        int rank = 0;
-        for (int u = 0; u < L; ++u) rank += combined[u] < combined[t] || (combined[u] == combined[t] && u < t);
-        out[start + t] = static_cast<float>(rank) / static_cast<float>(L);
-      }
+      // Each token's rank in the chunk (kvpress's argsort of argsort), a total order.
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(),
+                [&](int a, int b) { return combined[a] != combined[b] ? combined[a] < combined[b] : a < b; });
+      for (int rank = 0; rank < L; ++rank) out[start + order[rank]] = static_cast<float>(rank) / static_cast<float>(L);
     }
     for (int s = tail; s < n; ++s) out[s] = 2.0f;
   }

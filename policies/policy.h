@@ -35,8 +35,8 @@ inline const ParamSpec kSink =
 
 // What a policy may read of a token as it enters a KV head's cache (LayerState::append):
 // its key's L2 norm always, and its key and value vectors (float32, head_dim each; the
-// key after RoPE, as the cache holds it) only for a policy whose token_vectors() asks;
-// otherwise they are null.
+// key after RoPE, as the cache stores it, before any KIVI quantization, as the norm is)
+// only for a policy whose token_vectors() asks; otherwise they are null.
 struct NewToken {
   float key_norm = 0;
   const float* key = nullptr;
