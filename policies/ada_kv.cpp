@@ -100,9 +100,9 @@ class AdaLayer {
 // One KV head: its slots and the inner policy's per-slot state; the layer decides.
 class AdaHeadState : public LayerState {
  public:
-  AdaHeadState(const ScoredPolicy& inner, int layer, int kv_head, int group, GroupReduce reduce,
+  AdaHeadState(const ScoredPolicy& inner, int layer, int kv_head, int group, GroupReduce reduce, int head_dim,
                std::shared_ptr<AdaLayer> decision)
-      : head_(inner, layer, kv_head, group, reduce), kv_head_(kv_head), decision_(std::move(decision)) {
+      : head_(inner, layer, kv_head, group, reduce, head_dim), kv_head_(kv_head), decision_(std::move(decision)) {
     decision_->attach(kv_head, &head_.slots);
   }
 
@@ -113,8 +113,8 @@ class AdaHeadState : public LayerState {
     return copy;
   }
 
-  void append(int position, float key_norm) override { head_.append(position, key_norm); }
-  void merge(int position, float key_norm) override { head_.merge(position, key_norm); }
+  void append(int position, const NewToken& token) override { head_.append(position, token); }
+  void merge(int position, const NewToken& token) override { head_.merge(position, token); }
   void observe(const float* probs) override { head_.observe(probs); }
 
   bool compress(std::vector<int>* keep) override {
@@ -154,6 +154,7 @@ class AdaKVPolicy : public RealisablePolicy {
   bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
     return inner_->states_agree(a, b);
   }
+  TokenVectors token_vectors() const override { return scored_.token_vectors(); }
 
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
     LayerStates states;
@@ -162,7 +163,8 @@ class AdaKVPolicy : public RealisablePolicy {
                                                options_.params.real(kAdaSafeguard));
     const GroupReduce reduce = parse_group_reduce(options_.params.text(kGroupReduce));
     for (int h = 0; h < shape.n_kv_heads; ++h)
-      states.heads.push_back(std::make_unique<AdaHeadState>(scored_, layer, h, shape.group(), reduce, decision));
+      states.heads.push_back(
+          std::make_unique<AdaHeadState>(scored_, layer, h, shape.group(), reduce, shape.head_dim, decision));
     return states;
   }
 

@@ -14,9 +14,9 @@ class KnormPolicy : public ScoredPolicy {
   // Norms are rounded to 12 significant bits: the same token's key has the same norm
   // at every position (RoPE is a rotation), and rounding makes those exact ties, broken
   // by position, instead of ties decided by float noise that differs between modes.
-  void on_append(HeadSlots&, float* slot, int, float key_norm) const override {
+  void on_append(HeadSlots&, float* slot, int, const NewToken& token) const override {
     int exponent = 0;
-    const float mantissa = std::frexp(key_norm, &exponent);
+    const float mantissa = std::frexp(token.key_norm, &exponent);
     slot[0] = std::ldexp(std::round(mantissa * 4096.0f) / 4096.0f, exponent);
   }
   void score(const HeadSlots& head, float* out) const override {

@@ -111,8 +111,9 @@ namespace {
 class ScoredHeadState : public LayerState {
  public:
   ScoredHeadState(const ScoredPolicy& policy, int layer, int kv_head, Budget budget, int group, GroupReduce reduce,
-                  std::shared_ptr<SharedScores> shared)
-      : policy_(policy), head_(policy, layer, kv_head, group, reduce), budget_(budget), shared_(std::move(shared)) {
+                  int head_dim, std::shared_ptr<SharedScores> shared)
+      : policy_(policy), head_(policy, layer, kv_head, group, reduce, head_dim), budget_(budget),
+        shared_(std::move(shared)) {
     if (shared_) shared_->attach(kv_head, &head_.slots);
   }
 
@@ -123,8 +124,8 @@ class ScoredHeadState : public LayerState {
     return copy;
   }
 
-  void append(int position, float key_norm) override { head_.append(position, key_norm); }
-  void merge(int position, float key_norm) override { head_.merge(position, key_norm); }
+  void append(int position, const NewToken& token) override { head_.append(position, token); }
+  void merge(int position, const NewToken& token) override { head_.merge(position, token); }
   void observe(const float* probs) override { head_.observe(probs); }
 
   bool compress(std::vector<int>* keep) override {
@@ -176,6 +177,8 @@ class ScoredHeadState : public LayerState {
 GroupReduce ScoredPolicy::group_reduce() const { return parse_group_reduce(options_.params.text(kGroupReduce)); }
 
 LayerStates ScoredPolicy::make_layer_states(int layer, const SequenceShape& shape) const {
+  if (token_vectors() != TokenVectors::None && shape.head_dim <= 0)
+    throw Error("internal: policy " + name() + " keeps each key and needs the model's head_dim");
   LayerStates states;
   states.lockstep = states.same_slots = shared_across_heads();
   auto shared = states.lockstep ? std::make_shared<SharedScores>(*this, shape.n_kv_heads) : nullptr;
@@ -183,7 +186,7 @@ LayerStates ScoredPolicy::make_layer_states(int layer, const SequenceShape& shap
   const GroupReduce reduce = group_reduce();
   for (int h = 0; h < shape.n_kv_heads; ++h)
     states.heads.push_back(
-        std::make_unique<ScoredHeadState>(*this, layer, h, budget, shape.group(), reduce, shared));
+        std::make_unique<ScoredHeadState>(*this, layer, h, budget, shape.group(), reduce, shape.head_dim, shared));
   return states;
 }
 

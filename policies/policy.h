@@ -29,6 +29,23 @@ struct PolicyOptions {
 
 // GQA: how a KV head aggregates the attention of its query heads (scored and pattern policies).
 extern const ParamSpec kGroupReduce;
+// Attention-sink tokens a policy always keeps (streamingllm, lagkv).
+inline const ParamSpec kSink =
+    ParamSpec::integer("n_sink", 4, "streamingllm/lagkv: attention-sink tokens always kept").at_least(0);
+
+// What a policy may read of a token as it enters a KV head's cache (LayerState::append):
+// its key's L2 norm always, and its key and value vectors (float32, head_dim each; the
+// key after RoPE, as the cache stores it, before any KIVI quantization, as the norm is)
+// only for a policy whose token_vectors() asks; otherwise they are null.
+struct NewToken {
+  float key_norm = 0;
+  const float* key = nullptr;
+  const float* value = nullptr;
+};
+
+// Which vectors of each new token a policy reads (RealisablePolicy::token_vectors): the
+// harness copies them to the host for such a policy alone.
+enum class TokenVectors { None, Keys, KeysAndValues };
 
 // What the policy is applied to.
 struct SequenceShape {
@@ -59,13 +76,13 @@ class LayerState {
   // the layer's heads share are copied once per layer through `copies`. Null: this state
   // cannot be copied, and the harness never forks it.
   virtual std::unique_ptr<LayerState> clone(LayerStateCopies& copies) const { return nullptr; }
-  // Token `position` enters as the last slot; key_norm is the L2 norm of its key.
-  virtual void append(int position, float key_norm) = 0;
+  // Token `position` enters as the last slot.
+  virtual void append(int position, const NewToken& token) = 0;
   // DMC (docs/DMC.md): token `position` folds into the newest slot, which is the previous
   // token's; the slot now stands for `position` (its position for recency) and its key has
-  // changed (key_norm is the new key's norm). What the policy gathered about the slot
-  // stays. Only called on a model that merges.
-  virtual void merge(int position, float key_norm) = 0;
+  // changed (token is the new key's). What the policy gathered about the slot stays. Only
+  // called on a model that merges.
+  virtual void merge(int position, const NewToken& token) = 0;
   // Static sparse patterns keep slots cached that the query at `query_position` must not
   // attend: they fill visible (one 0/1 per slot) and return true. False: the query may
   // attend every slot (the model's sliding window still applies; the driver adds it).
@@ -187,6 +204,9 @@ class RealisablePolicy : public Policy {
   const RealisablePolicy* as_realisable() const final { return this; }
   // One layer's states (one per KV head), driving both modes.
   virtual LayerStates make_layer_states(int layer, const SequenceShape& shape) const = 0;
+  // The vectors its states read of each new token (NewToken); the shape's head_dim is
+  // then that of the model.
+  virtual TokenVectors token_vectors() const { return TokenVectors::None; }
 };
 
 // A causal sim-only policy's pass over one layer, fed the logits a block of query rows at
@@ -247,10 +267,11 @@ class ScoredPolicy : public RealisablePolicy {
   std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce}; }
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override;
 
-  // Floats of state per slot.
-  virtual int channels() const { return 1; }
+  // Floats of state per slot; head_dim is the model's (a policy that keeps each key, as
+  // token_vectors() asks, keeps head_dim floats of it).
+  virtual int channels(int head_dim) const { return 1; }
   // Initialises a newly appended slot's channels (already zeroed).
-  virtual void on_append(HeadSlots& head, float* slot_values, int position, float key_norm) const {}
+  virtual void on_append(HeadSlots& head, float* slot_values, int position, const NewToken& token) const {}
   // attention: the newest query's attention over the head's slots, aggregated over
   // the head's query group. Called before head.steps is incremented.
   virtual void on_observe(HeadSlots& head, const float* attention) const {}

@@ -19,7 +19,7 @@ class RandomPolicy : public ScoredPolicy {
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "random"; }
   std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kSeed}; }
-  void on_append(HeadSlots& head, float* slot, int position, float) const override {
+  void on_append(HeadSlots& head, float* slot, int position, const NewToken&) const override {
     slot[0] = position_value(head.layer, head.kv_head, position);
   }
   float position_value(int layer, int kv_head, int position) const override {

@@ -2,6 +2,7 @@
 
 #include "harness/common/errors.h"
 #include "policies/ada_kv.h"
+#include "policies/chunk_kv.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {
@@ -21,6 +22,14 @@ const Entry kPolicies[] = {
 #undef KVEVICT_POLICY
 };
 
+// Wrappers over any scored policy, written PREFIX+POLICY.
+struct Wrapper {
+  const char* prefix;
+  std::unique_ptr<Policy> (*wrap)(std::unique_ptr<Policy>, const PolicyOptions&);
+  const ParamSpec* parameter;  // the wrapper's own
+};
+const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, &kAdaSafeguard}, {kChunkPrefix, make_chunk_kv, &kChunkLength}};
+
 const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const std::string& key) {
   for (const ParamSpec* p : params)
     if (p->key() == key) return p;
@@ -32,7 +41,8 @@ std::string policy_help() {
   std::string known;
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
   return known + "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern; "
-                 "ada+SCORED (e.g. ada+snapkv) gives a scored policy Ada-KV's head-adaptive budgets";
+                 "ada+SCORED (e.g. ada+snapkv) gives a scored policy Ada-KV's head-adaptive budgets; "
+                 "chunk+SCORED (e.g. chunk+snapkv) keeps a scored policy's best chunks of contiguous tokens (ChunkKV)";
 }
 
 std::string reference_policy_name() {
@@ -59,7 +69,7 @@ const std::vector<const ParamSpec*>& all_policy_params() {
     std::vector<const ParamSpec*> declared;
     for (const auto& e : kPolicies)
       for (const ParamSpec* p : e.factory({})->parameters()) declared.push_back(p);
-    declared.push_back(&kAdaSafeguard);  // the ada+ wrapper's own
+    for (const Wrapper& w : kWrappers) declared.push_back(w.parameter);
     for (const ParamSpec* p : declared) {
       const ParamSpec* known = find_if_key(all, p->key());
       if (!known) all.push_back(p);
@@ -91,8 +101,9 @@ std::vector<std::string> policy_names() {
 
 namespace {
 std::unique_ptr<Policy> make_named_policy(const std::string& name, const PolicyOptions& options) {
-  if (name.rfind(kAdaPrefix, 0) == 0)
-    return make_ada_kv(make_named_policy(name.substr(std::string(kAdaPrefix).size()), options), options);
+  for (const Wrapper& w : kWrappers)
+    if (name.rfind(w.prefix, 0) == 0)
+      return w.wrap(make_named_policy(name.substr(std::string(w.prefix).size()), options), options);
   // "scored+pattern": heavy hitters of a scored policy on top of a static pattern.
   const size_t plus = name.find('+');
   if (plus != std::string::npos)

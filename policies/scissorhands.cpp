@@ -10,7 +10,7 @@ class ScissorhandsPolicy : public ScoredPolicy {
   using ScoredPolicy::ScoredPolicy;
   std::string name() const override { return "scissorhands"; }
   std::vector<const ParamSpec*> parameters() const override { return {&kGroupReduce, &kWindow}; }
-  int channels() const override { return window_; }
+  int channels(int) const override { return window_; }
   void on_observe(HeadSlots& head, const float* attention) const override {
     const size_t n = head.positions.size();
     const float threshold = 1.0f / static_cast<float>(n);

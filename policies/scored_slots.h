@@ -11,23 +11,23 @@ namespace kvevict {
 
 class ScoredSlots {
  public:
-  ScoredSlots(const ScoredPolicy& policy, int layer, int kv_head, int group, GroupReduce reduce)
+  ScoredSlots(const ScoredPolicy& policy, int layer, int kv_head, int group, GroupReduce reduce, int head_dim)
       : policy_(policy), group_(group), reduce_(reduce) {
-    slots.channels = policy.channels();
+    slots.channels = policy.channels(head_dim);
     slots.layer = layer;
     slots.kv_head = kv_head;
   }
 
-  void append(int position, float key_norm) {
+  void append(int position, const NewToken& token) {
     float* values = slots.append(position);
-    policy_.on_append(slots, values, position, key_norm);
+    policy_.on_append(slots, values, position, token);
   }
 
   // The newest slot now stands for `position` (LayerState::merge). The policy's on_append
   // runs again over the slot's values as they are, so what it reads from the key and the
   // position follows the new key, and what observe accumulated stays.
-  void merge(int position, float key_norm) {
-    policy_.on_append(slots, slots.renew_last(position), position, key_norm);
+  void merge(int position, const NewToken& token) {
+    policy_.on_append(slots, slots.renew_last(position), position, token);
   }
 
   // probs: [group][slots], the attention of the head's query heads.

@@ -17,7 +17,7 @@ class SnapKVPolicy : public ScoredPolicy {
   std::vector<const ParamSpec*> parameters() const override {
     return {&kGroupReduce, &kWindow, &kKernel, &kPooling};
   }
-  int channels() const override { return running_window_channels(window_); }
+  int channels(int) const override { return running_window_channels(window_); }
   void on_observe(HeadSlots& head, const float* attention) const override {
     record_running_window(head, attention, window_);
   }

@@ -27,7 +27,7 @@ class PatternHeadState : public LayerState {
                    int kv_head, const SequenceShape& shape, GroupReduce reduce, std::shared_ptr<SharedScores> shared)
       : pattern_(std::move(pattern)), scorer_(scorer), heavy_capacity_(std::max(0, heavy)),
         prefill_len_(shape.prefill_len), group_(shape.group()), reduce_(reduce), shared_(std::move(shared)) {
-    slots_.channels = scorer ? scorer->channels() : 0;
+    slots_.channels = scorer ? scorer->channels(shape.head_dim) : 0;
     slots_.layer = layer;
     slots_.kv_head = kv_head;
     if (shared_) shared_->attach(kv_head, &slots_);
@@ -40,17 +40,17 @@ class PatternHeadState : public LayerState {
     return copy;
   }
 
-  void append(int position, float key_norm) override {
+  void append(int position, const NewToken& token) override {
     last_position_ = position;
     float* values = slots_.append(position);
     heavy_.push_back(0);
-    if (scorer_) scorer_->on_append(slots_, values, position, key_norm);
+    if (scorer_) scorer_->on_append(slots_, values, position, token);
   }
 
-  void merge(int position, float key_norm) override {
+  void merge(int position, const NewToken& token) override {
     last_position_ = position;
     float* values = slots_.renew_last(position);
-    if (scorer_) scorer_->on_append(slots_, values, position, key_norm);
+    if (scorer_) scorer_->on_append(slots_, values, position, token);
   }
 
   bool visible(int query_position, std::vector<char>* visible) const override {
@@ -232,6 +232,7 @@ class ComposedPolicy : public RealisablePolicy {
   }
 
   void validate(const SequenceShape& shape) const override { scored_->validate(shape); }
+  TokenVectors token_vectors() const override { return scored_->token_vectors(); }
   // The pattern and the heavy share are sized to the length.
   bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
     return a.length == b.length && Policy::states_agree(a, b);

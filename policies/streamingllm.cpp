@@ -3,8 +3,6 @@
 
 namespace kvevict {
 namespace {
-const ParamSpec kSink = ParamSpec::integer("n_sink", 4, "streamingllm: attention-sink tokens always kept").at_least(0);
-
 class StreamingLLMPolicy : public ScoredPolicy {
  public:
   using ScoredPolicy::ScoredPolicy;

@@ -4,6 +4,7 @@
 // what each KV head observes. The driver itself (softmax, windows, cache rows, threads) is
 // tested in test_policy_driver.cpp.
 #pragma once
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -11,8 +12,11 @@
 
 namespace kvevict::test {
 
-inline SequenceShape sequence_shape(int length, int prefill, int n_q = 1, int n_kv = 1, int layers = 1) {
+// head_dim: the length of the made-up key and value vectors (drive_layer_states).
+inline SequenceShape sequence_shape(int length, int prefill, int n_q = 1, int n_kv = 1, int layers = 1,
+                                    int head_dim = 4) {
   SequenceShape shape;
+  shape.head_dim = head_dim;
   shape.length = length;
   shape.prefill_len = prefill;
   shape.n_layers = layers;
@@ -27,6 +31,9 @@ using AttentionFn = std::function<void(int q_head, int step, const std::vector<i
                                        const std::vector<char>* visible, float* out)>;
 // The L2 norm of KV head kv's key at `position`.
 using KeyNormFn = std::function<float(int kv, int position)>;
+// What KV head kv's policy reads of the token at `position` (its key's norm, and the key
+// and value vectors for a policy that reads them).
+using NewTokenFn = std::function<NewToken(int kv, int position)>;
 
 struct LayerTrace {
   std::vector<std::vector<std::vector<int>>> positions;  // [step][kv]: slots after the step
@@ -35,8 +42,8 @@ struct LayerTrace {
 
 // head_major: each KV head through every step before the next head (last head first),
 // as the driver may run heads whose states are independent; otherwise step by step.
-inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
-                                     const KeyNormFn& key_norm, bool head_major = false) {
+inline LayerTrace drive_layer_tokens(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
+                                     const NewTokenFn& new_token, bool head_major = false) {
   const int n_kv = shape.n_kv_heads, group = shape.group();
   LayerTrace trace;
   trace.positions.assign(shape.length, std::vector<std::vector<int>>(n_kv));
@@ -45,7 +52,7 @@ inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& s
   std::vector<std::vector<char>> masks(n_kv);
   auto append_and_attend = [&](int kv, int i) {
     LayerState& state = *states.heads[kv];
-    state.append(i, key_norm(kv, i));
+    state.append(i, new_token(kv, i));
     const bool masked = state.visible(i, &masks[kv]);
     const std::vector<int>& positions = state.positions();
     const size_t n = positions.size();
@@ -75,6 +82,28 @@ inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& s
     for (int kv = 0; kv < n_kv; ++kv) finish(kv, i);
   }
   return trace;
+}
+
+// The same with the keys' norms alone given; a policy that reads the vectors gets made-up
+// ones of shape.head_dim floats, a fixed function of (kv, position), the key of that norm.
+inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
+                                     const KeyNormFn& key_norm, bool head_major = false) {
+  const int d = shape.head_dim;
+  std::vector<float> key(d), value(d);
+  return drive_layer_tokens(
+      states, shape, attention,
+      [&](int kv, int position) {
+        const float norm = key_norm(kv, position);
+        double squares = 0;
+        for (int c = 0; c < d; ++c) {
+          key[c] = static_cast<float>(std::sin(1.3 * position + 2.1 * c + 0.7 * kv + 0.01 * c * position));
+          value[c] = static_cast<float>(std::cos(0.9 * position * (c + 1) + 1.7 * kv));
+          squares += static_cast<double>(key[c]) * key[c];
+        }
+        for (int c = 0; c < d; ++c) key[c] = static_cast<float>(key[c] * norm / std::sqrt(squares));
+        return NewToken{norm, d > 0 ? key.data() : nullptr, d > 0 ? value.data() : nullptr};
+      },
+      head_major);
 }
 
 }  // namespace kvevict::test

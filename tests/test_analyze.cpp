@@ -79,7 +79,7 @@ TEST_CASE("analyze counts only the keys a sliding window lets a query see", "[an
   std::vector<std::vector<std::vector<double>>> probs(model->arch().n_layers);  // [layer][h * T + i][j]
   FullAttention observed(
       [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor&, const torch::Tensor&,
-          const torch::Tensor& p) {
+          const torch::Tensor&, const torch::Tensor& p) {
         auto host = p.to(torch::kFloat64).contiguous();
         probs[layer].resize(static_cast<size_t>(hq) * T);
         for (int h = 0; h < hq; ++h)
@@ -160,8 +160,8 @@ TEST_CASE("analyze's recall and persistence equal a brute force over the model's
   std::vector<std::vector<float>> logits(layers, std::vector<float>(static_cast<size_t>(hq) * T * T, 0.0f));
   std::vector<std::vector<float>> norms(layers);  // [layer][position * hkv + kv]
   FullAttention observed(
-      [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& l,
-          const torch::Tensor& p) {
+      [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor&,
+          const torch::Tensor& l, const torch::Tensor& p) {
         const auto p64 = p.to(torch::kFloat64).contiguous();
         const auto l32 = l.to(torch::kFloat32).contiguous();
         for (int h = 0; h < hq; ++h)
@@ -417,7 +417,7 @@ TEST_CASE("analyze --kv-quant observes the attention of decode mode's KIVI cache
     const auto observed = make_observed_kivi_attention(
         spec, torch::kFloat64,
         [&](int, int64_t first, int64_t rows, int64_t n, const torch::Tensor&, const torch::Tensor&,
-            const torch::Tensor& probs) {
+            const torch::Tensor&, const torch::Tensor& probs) {
           CHECK(rows == 1);
           CHECK(n == first + 1);
           rows_seen += rows;

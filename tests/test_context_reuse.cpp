@@ -80,8 +80,8 @@ PolicyOptions ratio_budget(double ratio) {
 class NoCloneState : public LayerState {
  public:
   explicit NoCloneState(int capacity) : capacity_(capacity) {}
-  void append(int position, float) override { positions_.push_back(position); }
-  void merge(int position, float) override { positions_.back() = position; }
+  void append(int position, const NewToken&) override { positions_.push_back(position); }
+  void merge(int position, const NewToken&) override { positions_.back() = position; }
   void observe(const float*) override {}
   bool compress(std::vector<int>* keep) override {
     const int n = size();

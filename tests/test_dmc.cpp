@@ -440,7 +440,7 @@ TEST_CASE("DMC refuses what it does not implement: one decision for every head, 
   CHECK_THAT(error_of([&] { score_sequence(*model, *make_policy("h2o-paper", o), Mode::Sim, tokens); }),
              Catch::Contains("h2o-paper") && Catch::Contains("sim-only") && Catch::Contains("DMC"));
   FullAttention observed([](int, int64_t, int64_t, int64_t, const torch::Tensor&, const torch::Tensor&,
-                            const torch::Tensor&) {},
+                            const torch::Tensor&, const torch::Tensor&) {},
                          0);
   CHECK_THAT(error_of([&] { model->forward(tokens, 0, observed); }), Catch::Contains("DMC"));
   // A decode step that skips a position is refused by the merge state.

@@ -60,6 +60,7 @@ TEST_CASE("a policy with independent heads, run one KV head at a time, keeps wha
         shape.n_layers = 3;
         shape.n_q_heads = 6;
         shape.n_kv_heads = 3;
+        shape.head_dim = 4;
         for (int layer = 0; layer < shape.n_layers; ++layer) {
           LayerStates together = policy->as_realisable()->make_layer_states(layer, shape);
           if (together.lockstep) {

@@ -58,8 +58,8 @@ class RaggedLocal : public RealisablePolicy {
  private:
   struct Head : LayerState {
     explicit Head(int keep) : keep_(keep) {}
-    void append(int position, float) override { positions_.push_back(position); }
-    void merge(int position, float) override { positions_.back() = position; }
+    void append(int position, const NewToken&) override { positions_.push_back(position); }
+    void merge(int position, const NewToken&) override { positions_.back() = position; }
     void observe(const float*) override {}
     bool compress(std::vector<int>* keep) override {
       const int n = static_cast<int>(positions_.size());

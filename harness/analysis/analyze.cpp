@@ -127,11 +127,11 @@ class SequenceAnalyzer {
   }
 
   // One block of query rows (FullAttention's observer).
-  void block(int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& logits,
-             const torch::Tensor& probs) {
+  void block(int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k, const torch::Tensor& v,
+             const torch::Tensor& logits, const torch::Tensor& probs) {
     if (layer != layer_) {
       if (layer_ >= 0) end_layer();
-      begin_layer(layer, k);
+      begin_layer(layer, k, v);
     }
     const auto host = probs.to(torch::kCPU, torch::kFloat64).contiguous();  // [hq, rows, n]
     statistics(static_cast<int>(first), static_cast<int>(rows), static_cast<int>(n), host.data_ptr<double>());
@@ -143,12 +143,15 @@ class SequenceAnalyzer {
   }
 
  private:
-  void begin_layer(int layer, const torch::Tensor& k) {
+  void begin_layer(int layer, const torch::Tensor& k, const torch::Tensor& v) {
     layer_ = layer;
     T_ = static_cast<int>(k.size(0));
     hq_ = shape_.n_q_heads;
     hkv_ = shape_.n_kv_heads;
-    norms_ = k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous();  // [T, Hkv]
+    // The vectors the most demanding recall policy reads; the others ignore them.
+    TokenVectors vectors = TokenVectors::None;
+    for (const auto& run : runs_) vectors = std::max(vectors, run.made->as_realisable()->token_vectors());
+    tokens_ = std::make_unique<HostTokens>(vectors, k, v);
     if (static_cast<int>(out_.layers.size()) <= layer) out_.layers.resize(layer + 1);
     auto& stats = out_.layers[layer];
     if (stats.heads.size() < static_cast<size_t>(hq_)) stats.heads.resize(hq_);
@@ -212,11 +215,11 @@ class SequenceAnalyzer {
     // returns the tensor itself there), so the next run still reads logits.
     auto policy_logits = logits.to(torch::kCPU, logits.scalar_type(), /*non_blocking=*/false, /*copy=*/true).contiguous();
     visible_.resize(static_cast<size_t>(hkv_) * rows * width);
-    const float* norms = norms_.data_ptr<float>() + first * hkv_;
+    const BlockTokens tokens = tokens_->block().from_row(first, hkv_);
     if (policy_logits.scalar_type() == torch::kFloat64)
-      run.driver->rows(first, rows, width, policy_logits.data_ptr<double>(), norms, visible_.data());
+      run.driver->rows(first, rows, width, policy_logits.data_ptr<double>(), tokens, visible_.data());
     else
-      run.driver->rows(first, rows, width, policy_logits.data_ptr<float>(), norms, visible_.data());
+      run.driver->rows(first, rows, width, policy_logits.data_ptr<float>(), tokens, visible_.data());
     auto& stats = out_.layers[layer_].recall[run.policy][run.budget];
     const int group = hq_ / hkv_;
     for (int64_t r = 0; r < rows; ++r)
@@ -268,7 +271,7 @@ class SequenceAnalyzer {
   SequenceShape shape_;
   int64_t window_;
   int max_delta_ = 0, layer_ = -1, T_ = 0, hq_ = 0, hkv_ = 0, k_ = 1;
-  torch::Tensor norms_;  // [T, Hkv]: the layer's key norms
+  std::unique_ptr<HostTokens> tokens_;  // the layer's keys as the recall policies read them
   std::vector<std::vector<double>> acc_;
   std::vector<std::vector<std::vector<int>>> ring_;  // [head][step % (max delta + 1)]: top-k keys
   std::vector<RecallRun> runs_;
@@ -315,7 +318,7 @@ class QuantizedObservedAttention final : public AttentionBackend {
       if (window > 0 && n > window) logits.narrow(2, 0, n - window).fill_(-std::numeric_limits<double>::infinity());
       const torch::Tensor probs = torch::softmax(logits, -1);
       out[i].copy_(torch::bmm(probs, values.narrow(1, 0, n)));
-      observer_(layer, i, 1, n, k, logits.view({hq, 1, n}), probs.view({hq, 1, n}));
+      observer_(layer, i, 1, n, k, v, logits.view({hq, 1, n}), probs.view({hq, 1, n}));
       for (auto& store : stores) store.after_attention(static_cast<int>(i), /*prefill_len=*/0);
     }
     return out.view({T, hq * d}).to(q.scalar_type());
@@ -392,8 +395,9 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
     const SequenceShape shape = shape_for(model, static_cast<int>(tokens.size()), 0);
     SequenceAnalyzer analyzer(options, out, s == longest, shape, model.arch().sliding_window);
     const AttentionObserver observer = [&](int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k,
-                                           const torch::Tensor& logits, const torch::Tensor& probs) {
-      analyzer.block(layer, first, rows, n, k, logits, probs);
+                                           const torch::Tensor& v, const torch::Tensor& logits,
+                                           const torch::Tensor& probs) {
+      analyzer.block(layer, first, rows, n, k, v, logits, probs);
     };
     const KvQuantSpec& kv_quant = options.policy_options.kv_quant;
     if (!kv_quant.enabled()) {

@@ -190,16 +190,16 @@ void hold_rows(torch::Tensor& keys, torch::Tensor& values, const torch::Tensor& 
 }
 
 // The L2 norms of the new keys k [t, Hkv, d], as the policies read them: [t, Hkv].
-torch::Tensor key_norms(const torch::Tensor& k) { return k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous(); }
+torch::Tensor key_norms_of(const torch::Tensor& k) { return k.to(torch::kCPU, torch::kFloat32).norm(2, -1).contiguous(); }
 
 // The driver's pass over one block: logits [Hkv, g*rows, n] (query heads grouped by KV
 // head, so also [Hq, rows, n]) become the probabilities, on the CPU in the accumulation
-// type, and go back to the logits' device.
+// type, and go back to the logits' device. tokens: the block's own new tokens.
 torch::Tensor drive_block(PolicyDriver& driver, const torch::Tensor& logits, int64_t first, int64_t rows, int64_t n,
-                          const float* norms) {
+                          const BlockTokens& tokens) {
   auto block = logits.to(torch::kCPU).contiguous();
-  if (block.scalar_type() == torch::kFloat64) driver.rows(first, rows, n, block.data_ptr<double>(), norms);
-  else driver.rows(first, rows, n, block.data_ptr<float>(), norms);
+  if (block.scalar_type() == torch::kFloat64) driver.rows(first, rows, n, block.data_ptr<double>(), tokens);
+  else driver.rows(first, rows, n, block.data_ptr<float>(), tokens);
   return block.to(logits.device());
 }
 
@@ -295,11 +295,11 @@ class KiviLayerCache final : public QuantizedLayerCache {
     const auto keys_at = keys.to(q.device()), values_at = values.to(q.device());
     torch::Tensor out;
     if (driver_) {
-      const auto norms = key_norms(k);  // [t, Hkv]
+      const HostTokens tokens(driver_->token_vectors(), k, v);
       out = causal_attention_blocks(q, keys_at, values_at, n_prev,
                                     [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
                                       return drive_block(*driver_, logits, start + r0, rows, cols,
-                                                         norms.data_ptr<float>() + r0 * n_kv);
+                                                         tokens.block().from_row(r0, n_kv));
                                     });
       driver_->take_moves();  // the rows are rebuilt from the stores at every call
       for (int h = 0; h < n_kv; ++h) stores_[h].retain(driver_->state(h).positions());
@@ -493,6 +493,23 @@ std::unique_ptr<QuantizedLayerCache> make_quantized_layer_cache(const Policy& po
   return std::make_unique<KiviLayerCache<float>>(policy, layer, shape, sliding_window, acc, head_dim);
 }
 
+HostTokens::HostTokens(TokenVectors vectors, const torch::Tensor& k, const torch::Tensor& v)
+    : key_norms(key_norms_of(k)) {
+  if (vectors == TokenVectors::None) return;
+  keys = k.to(torch::kCPU, torch::kFloat32).contiguous();
+  if (vectors == TokenVectors::KeysAndValues) values = v.to(torch::kCPU, torch::kFloat32).contiguous();
+}
+
+BlockTokens HostTokens::block() const {
+  BlockTokens tokens(key_norms.data_ptr<float>());
+  if (keys.defined()) {
+    tokens.keys = keys.data_ptr<float>();
+    tokens.head_dim = static_cast<int>(keys.size(2));
+  }
+  if (values.defined()) tokens.values = values.data_ptr<float>();
+  return tokens;
+}
+
 torch::Tensor FullAttention::attend(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, int64_t) {
   const int64_t window = sliding_window_;
@@ -503,7 +520,7 @@ torch::Tensor FullAttention::attend(int layer, const torch::Tensor& q, const tor
         const torch::Tensor scaled = logits.clone();
         torch::Tensor probs = causal_softmax(logits, CausalRows{r0, rows, window});
         const int64_t hq = q.size(1);
-        observer_(layer, r0, rows, n, k, scaled.view({hq, rows, n}), probs.view({hq, rows, n}));
+        observer_(layer, r0, rows, n, k, v, scaled.view({hq, rows, n}), probs.view({hq, rows, n}));
         return probs;
       },
       block_rows_);
@@ -560,8 +577,8 @@ torch::Tensor SimAttention::attend_merged(int layer, const torch::Tensor& q, con
   if (!policy_.keeps_everything()) {
     auto driver = make_dmc_driver(policy_, layer, shape_);
     driver->start_block(0);
-    const auto norms = key_norms(k);  // [T, Hkv]
-    auto out = dmc_policy_attention(q, per_head(k), per_head(v), merges, *driver, 0, norms.data_ptr<float>());
+    const HostTokens tokens(driver->token_vectors(), k, v);
+    auto out = dmc_policy_attention(q, per_head(k), per_head(v), merges, *driver, 0, tokens.block());
     add_full_precision_peak(stats_, record_driver_stats(stats_, layer, *driver, 2 * d * element_bytes(k)));
     stats_.dmc_merge_rate[layer] = dmc_->merge_rate(layer);
     return out;
@@ -599,12 +616,12 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
     if (auto on_device = DeviceScoredLayer::make(policy_, layer, shape_, sliding_window_))
       return simulate_on_device(*on_device, layer, q, k, v);
   PolicyDriver driver(*policy_.as_realisable(), layer, shape_, sliding_window_, SlotColumns::Positions);
-  const auto norms = key_norms(k);  // [T, Hkv]
-  const int64_t n_kv = k.size(1);
+  const HostTokens tokens(driver.token_vectors(), k, v);
+  const int n_kv = static_cast<int>(k.size(1));
   auto out = causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0,
                                      [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
                                        return drive_block(driver, logits, r0, rows, n,
-                                                          norms.data_ptr<float>() + r0 * n_kv);
+                                                          tokens.block().from_row(r0, n_kv));
                                      });
   add_full_precision_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
   return out;
@@ -816,9 +833,8 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
   std::vector<std::vector<int64_t>> kept(n_kv);  // per head: the rows it keeps, in slot order
   if (cache.driver) {
     cache.driver->start_block(start);
-    const auto norms = key_norms(k);  // [t, Hkv]
-    out = dmc_policy_attention(q, cache.dmc_keys, cache.dmc_values, merges, *cache.driver, start,
-                               norms.data_ptr<float>());
+    const HostTokens tokens(cache.driver->token_vectors(), k, v);
+    out = dmc_policy_attention(q, cache.dmc_keys, cache.dmc_values, merges, *cache.driver, start, tokens.block());
     for (int64_t h = 0; h < n_kv; ++h) {
       const std::vector<int>& columns = cache.driver->columns(static_cast<int>(h));
       kept[h].assign(columns.begin(), columns.end());
@@ -897,11 +913,11 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
       cache.value_buffer.select(0, h).narrow(0, driver.slots(h), t).copy_(new_values.select(0, h));
     }
   }
-  const auto norms = key_norms(k);  // [t, Hkv]
+  const HostTokens tokens(driver.token_vectors(), k, v);
   auto out = cache_rows_attention(q, cache.key_buffer, cache.value_buffer, n,
                                   [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
                                     return drive_block(driver, logits, start + r0, rows, cols,
-                                                       norms.data_ptr<float>() + r0 * n_kv);
+                                                       tokens.block().from_row(r0, static_cast<int>(n_kv)));
                                   });
   const std::vector<RowMove> moves = driver.take_moves();
   const int64_t capacity = cache.key_buffer.size(1);

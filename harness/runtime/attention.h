@@ -42,12 +42,21 @@ struct KvStats {
 };
 
 // Sees each block of query rows of full attention: queries first .. first+rows-1 of
-// `layer` over keys 0 .. n-1; k the layer's keys [T, n_kv, head_dim]; logits the scaled
-// logits before the softmax and probs the attention, both [n_q, rows, n] in the
-// accumulation type (float32, float64 for float64).
+// `layer` over keys 0 .. n-1; k and v the layer's keys and values [T, n_kv, head_dim];
+// logits the scaled logits before the softmax and probs the attention, both
+// [n_q, rows, n] in the accumulation type (float32, float64 for float64).
 using AttentionObserver =
     std::function<void(int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k,
-                       const torch::Tensor& logits, const torch::Tensor& probs)>;
+                       const torch::Tensor& v, const torch::Tensor& logits, const torch::Tensor& probs)>;
+
+// New tokens k, v [t, Hkv, d] on the host as a policy driver hands them to its policy
+// (BlockTokens): the key norms [t, Hkv] as float32, and the keys and values as float32
+// only when the policy reads them (`vectors`: PolicyDriver::token_vectors).
+struct HostTokens {
+  HostTokens(TokenVectors vectors, const torch::Tensor& k, const torch::Tensor& v);
+  torch::Tensor key_norms, keys, values;
+  BlockTokens block() const;
+};
 
 class FullAttention : public AttentionBackend {
  public:

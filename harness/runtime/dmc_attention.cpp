@@ -57,7 +57,7 @@ torch::Tensor dmc_block_attention(const torch::Tensor& q, const std::vector<torc
 
 torch::Tensor dmc_policy_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& keys,
                                    const std::vector<torch::Tensor>& values, const torch::Tensor& merges,
-                                   PolicyDriver& driver, int64_t first, const float* norms) {
+                                   PolicyDriver& driver, int64_t first, const BlockTokens& tokens) {
   const int64_t t = q.size(0), hq = q.size(1), d = q.size(2), n_kv = static_cast<int64_t>(keys.size()), g = hq / n_kv;
   const auto acc = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -86,9 +86,11 @@ torch::Tensor dmc_policy_attention(const torch::Tensor& q, const std::vector<tor
           group.mm(keys_t[h].narrow(1, 0, cols)).mul_(scale).view({g, rows, cols}));
     }
     if (acc == torch::kFloat64)
-      driver.rows(first + r0, rows, n, logits.data_ptr<double>(), norms + r0 * n_kv, nullptr, mp + r0 * n_kv);
+      driver.rows(first + r0, rows, n, logits.data_ptr<double>(), tokens.from_row(r0, static_cast<int>(n_kv)), nullptr,
+                  mp + r0 * n_kv);
     else
-      driver.rows(first + r0, rows, n, logits.data_ptr<float>(), norms + r0 * n_kv, nullptr, mp + r0 * n_kv);
+      driver.rows(first + r0, rows, n, logits.data_ptr<float>(), tokens.from_row(r0, static_cast<int>(n_kv)), nullptr,
+                  mp + r0 * n_kv);
     for (int64_t h = 0; h < n_kv; ++h) {
       const int64_t cols = held[h] + r0 + rows;
       auto probs = logits.narrow(0, h * g, g).narrow(2, 0, cols).reshape({g * rows, cols});

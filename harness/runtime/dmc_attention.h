@@ -27,11 +27,12 @@ torch::Tensor dmc_block_attention(const torch::Tensor& q, const std::vector<torc
 // (SlotColumns::Versions, after start_block(first)) holds each head's slots, which sit in
 // rows 0 .. driver.slots(h)-1 of keys[h] / values[h], then the block's t versions. It
 // merges and appends as merges says, decides what each query sees and evicts; afterwards
-// its columns(h) are the rows head h keeps. first: the block's first position; norms
-// [t, Hkv] the versions' key norms. The driver's softmax runs in float64 on the CPU.
+// its columns(h) are the rows head h keeps. first: the block's first position; tokens
+// the versions' keys as the policy reads them (BlockTokens). The driver's softmax runs in
+// float64 on the CPU.
 torch::Tensor dmc_policy_attention(const torch::Tensor& q, const std::vector<torch::Tensor>& keys,
                                    const std::vector<torch::Tensor>& values, const torch::Tensor& merges,
-                                   PolicyDriver& driver, int64_t first, const float* norms);
+                                   PolicyDriver& driver, int64_t first, const BlockTokens& tokens);
 
 // The slot versions of a block that stay (j is the last token, or token j+1 appended),
 // per KV head: [Hkv] lists of block rows.

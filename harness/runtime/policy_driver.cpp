@@ -50,9 +50,27 @@ int masked_softmax(Scalar* row, int64_t n, const std::vector<int>& positions, co
 
 }  // namespace
 
+BlockTokens BlockTokens::from_row(int64_t row, int n_kv) const {
+  BlockTokens rest = *this;
+  rest.key_norms += row * n_kv;
+  if (keys) rest.keys += row * n_kv * head_dim;
+  if (values) rest.values += row * n_kv * head_dim;
+  return rest;
+}
+
+NewToken BlockTokens::token(int64_t r, int n_kv, int kv) const {
+  const int64_t at = r * n_kv + kv;
+  NewToken token;
+  token.key_norm = key_norms[at];
+  if (keys) token.key = keys + at * head_dim;
+  if (values) token.value = values + at * head_dim;
+  return token;
+}
+
 PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const SequenceShape& shape,
                            int64_t sliding_window, SlotColumns columns)
-    : group_(shape.group()), prefill_len_(shape.prefill_len), window_(sliding_window), columns_(columns) {
+    : group_(shape.group()), prefill_len_(shape.prefill_len), vectors_(policy.token_vectors()),
+      head_dim_(shape.head_dim), window_(sliding_window), columns_(columns) {
   LayerStates states = policy.make_layer_states(layer, shape);
   lockstep_ = states.lockstep;
   same_slots_ = states.same_slots;
@@ -67,6 +85,8 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
   std::unique_ptr<PolicyDriver> copy(new PolicyDriver());
   copy->group_ = group_;
   copy->prefill_len_ = prefill_len_;
+  copy->vectors_ = vectors_;
+  copy->head_dim_ = head_dim_;
   copy->window_ = window_;
   copy->columns_ = columns_;
   copy->lockstep_ = lockstep_;
@@ -97,14 +117,14 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
   return copy;
 }
 
-void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
+void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, float* logits, const BlockTokens& tokens,
                         char* visible_out, const uint8_t* merges) {
-  drive(first, rows, n, logits, key_norms, visible_out, merges);
+  drive(first, rows, n, logits, tokens, visible_out, merges);
 }
 
-void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, double* logits, const float* key_norms,
+void PolicyDriver::rows(int64_t first, int64_t rows, int64_t n, double* logits, const BlockTokens& tokens,
                         char* visible_out, const uint8_t* merges) {
-  drive(first, rows, n, logits, key_norms, visible_out, merges);
+  drive(first, rows, n, logits, tokens, visible_out, merges);
 }
 
 void PolicyDriver::start_block(int64_t first) {
@@ -131,17 +151,17 @@ int PolicyDriver::max_slots() const {
   return most;
 }
 
-void PolicyDriver::append(Head& head, int64_t position, float key_norm, bool merge) {
+void PolicyDriver::append(Head& head, int64_t position, const NewToken& token, bool merge) {
   int column = static_cast<int>(head.columns.size());
   if (columns_ == SlotColumns::Positions) column = static_cast<int>(position);
   if (columns_ == SlotColumns::Versions) column = head.block_base + static_cast<int>(position - block_first_);
   const std::vector<int>& positions = head.state->positions();
   if (merge && !positions.empty() && positions.back() == position - 1) {
-    head.state->merge(static_cast<int>(position), key_norm);
+    head.state->merge(static_cast<int>(position), token);
     head.columns.back() = column;
     return;
   }
-  head.state->append(static_cast<int>(position), key_norm);
+  head.state->append(static_cast<int>(position), token);
   head.columns.push_back(column);
 }
 
@@ -197,10 +217,14 @@ void PolicyDriver::compress(Head& head, int kv, int64_t position) {
 }
 
 template <typename Scalar>
-void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms,
+void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const BlockTokens& tokens,
                          char* visible_out, const uint8_t* merges) {
   const int n_kv = static_cast<int>(heads_.size());
   if (merges && columns_ != SlotColumns::Versions) throw Error("the policy driver merges slots only over Versions columns");
+  const bool needs_keys = vectors_ != TokenVectors::None, needs_values = vectors_ == TokenVectors::KeysAndValues;
+  if ((needs_keys && (!tokens.keys || tokens.head_dim != head_dim_)) || (needs_values && !tokens.values))
+    throw Error("internal: the policy reads each new token's key" + std::string(needs_values ? " and value" : "") +
+                " vectors of head_dim " + std::to_string(head_dim_) + ", which its caller did not give");
   for (Head& head : heads_) head.row_slots.assign(rows, 0);
   auto merged = [&](int64_t r, int64_t kv) { return merges && merges[r * n_kv + kv]; };
   const bool parallel = rows * n * n_kv * group_ >= kParallelLogits;
@@ -211,7 +235,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
         Head& head = heads_[kv];
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t position = first + r;
-          append(head, position, key_norms[r * n_kv + kv], merged(r, kv));
+          append(head, position, tokens.token(r, n_kv, static_cast<int>(kv)), merged(r, kv));
           head.row_slots[r] = head.state->size();
           see(head, position);
           for (int j = 0; j < group_; ++j) head.visible = attend(head, static_cast<int>(kv), j, r, rows, n, logits);
@@ -227,7 +251,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t position = first + r;
       for (int kv = 0; kv < n_kv; ++kv) {
-        append(heads_[kv], position, key_norms[r * n_kv + kv], merged(r, kv));
+        append(heads_[kv], position, tokens.token(r, n_kv, kv), merged(r, kv));
         heads_[kv].row_slots[r] = heads_[kv].state->size();
         see(heads_[kv], position);
       }

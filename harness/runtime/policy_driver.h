@@ -37,6 +37,21 @@ enum class SlotColumns {
   Versions,
 };
 
+// A block's new tokens as the driver hands them to the policy (NewToken), row by row and
+// KV head by KV head: the key norms always, the keys and values only for a policy whose
+// token_vectors() asks (the caller copies them to the host for that policy alone).
+struct BlockTokens {
+  BlockTokens(const float* key_norms) : key_norms(key_norms) {}  // norms alone: most policies
+  const float* key_norms;         // [rows][n_kv]
+  const float* keys = nullptr;    // [rows][n_kv][head_dim], float32, after RoPE as cached
+  const float* values = nullptr;  // [rows][n_kv][head_dim], float32
+  int head_dim = 0;
+  // The same block from its row `row` on.
+  BlockTokens from_row(int64_t row, int n_kv) const;
+  // What KV head kv's policy reads of row r's token.
+  NewToken token(int64_t r, int n_kv, int kv) const;
+};
+
 // One key (and value) row of a KV head's cache buffer moves from row `from` to row `to`.
 struct RowMove {
   int kv_head, from, to;
@@ -54,16 +69,20 @@ class PolicyDriver {
 
   // Queries at positions first .. first+rows-1. logits: [n_q][rows][n] (query head h, row
   // r at (h*rows + r)*n), scaled, a key's logit at its column; each row is overwritten with
-  // the attention that weights the values (0 outside the slots it sees). key_norms:
-  // [rows][n_kv], the L2 norms of these queries' own keys. visible_out, when not null:
+  // the attention that weights the values (0 outside the slots it sees). tokens: these
+  // queries' own keys (their norms, and the vectors token_vectors() asks for; an
+  // internal error when they are missing). visible_out, when not null:
   // [n_kv][rows][n], set to 1 at the columns each query saw and 0 elsewhere. merges, when
   // not null (a DMC model, Versions): [rows][n_kv], 1 where the token's key replaces the
   // head's newest slot (LayerState::merge) instead of entering as a new one; when the
   // policy has already evicted that slot, the key enters as a new one.
-  void rows(int64_t first, int64_t rows, int64_t n, float* logits, const float* key_norms,
+  void rows(int64_t first, int64_t rows, int64_t n, float* logits, const BlockTokens& tokens,
             char* visible_out = nullptr, const uint8_t* merges = nullptr);
-  void rows(int64_t first, int64_t rows, int64_t n, double* logits, const float* key_norms,
+  void rows(int64_t first, int64_t rows, int64_t n, double* logits, const BlockTokens& tokens,
             char* visible_out = nullptr, const uint8_t* merges = nullptr);
+
+  // The vectors of each new token the policy reads (RealisablePolicy::token_vectors).
+  TokenVectors token_vectors() const { return vectors_; }
 
   // Versions: the block that starts at position `first` begins (see SlotColumns).
   void start_block(int64_t first);
@@ -116,10 +135,10 @@ class PolicyDriver {
     int block_base = 0;               // Versions: the slots at the block's start
   };
   template <typename Scalar>
-  void drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const float* key_norms, char* visible_out,
+  void drive(int64_t first, int64_t rows, int64_t n, Scalar* logits, const BlockTokens& tokens, char* visible_out,
              const uint8_t* merges);
   // The key of `position` enters the head: appended, or merged into the newest slot.
-  void append(Head& head, int64_t position, float key_norm, bool merge);
+  void append(Head& head, int64_t position, const NewToken& token, bool merge);
   // What the query at `position` sees; sizes the scratch.
   void see(Head& head, int64_t position);
   // The attention of query head `member` of the group, row r of the block; returns the
@@ -131,6 +150,8 @@ class PolicyDriver {
 
   int group_ = 1;
   int prefill_len_ = 0;
+  TokenVectors vectors_ = TokenVectors::None;
+  int head_dim_ = 0;
   int64_t window_ = 0;
   SlotColumns columns_;
   bool lockstep_ = false;
