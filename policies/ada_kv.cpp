@@ -6,6 +6,7 @@
 
 #include "harness/common/errors.h"
 #include "policies/scored_slots.h"
+#include "policies/wrapper_policy.h"
 
 namespace kvevict {
 namespace {
@@ -133,28 +134,10 @@ class AdaHeadState : public LayerState {
   std::vector<int> kept_;
 };
 
-class AdaKVPolicy : public RealisablePolicy {
+class AdaKVPolicy : public WrapperPolicy<RealisablePolicy> {
  public:
   AdaKVPolicy(std::unique_ptr<Policy> inner, const ScoredPolicy& scored, const PolicyOptions& options)
-      : RealisablePolicy(options), inner_(std::move(inner)), scored_(scored) {}
-
-  std::string name() const override { return kAdaPrefix + inner_->name(); }
-  std::vector<const ParamSpec*> parameters() const override {
-    std::vector<const ParamSpec*> params = inner_->parameters();
-    params.push_back(&kAdaSafeguard);
-    return params;
-  }
-  bool splits_budget() const override { return inner_->splits_budget(); }
-  double default_heavy_share() const override { return inner_->default_heavy_share(); }
-  int sink_tokens() const override { return inner_->sink_tokens(); }
-  Budget layer_budget(int layer, const SequenceShape& shape) const override {
-    return inner_->layer_budget(layer, shape);
-  }
-  void validate(const SequenceShape& shape) const override { inner_->validate(shape); }
-  bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
-    return inner_->states_agree(a, b);
-  }
-  TokenVectors token_vectors() const override { return scored_.token_vectors(); }
+      : WrapperPolicy(std::move(inner), scored, options, kAdaPrefix, kAdaSafeguard) {}
 
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
     LayerStates states;
@@ -167,10 +150,6 @@ class AdaKVPolicy : public RealisablePolicy {
           std::make_unique<AdaHeadState>(scored_, layer, h, shape.group(), reduce, shape.head_dim, decision));
     return states;
   }
-
- private:
-  std::unique_ptr<Policy> inner_;
-  const ScoredPolicy& scored_;
 };
 
 }  // namespace

@@ -3,33 +3,16 @@
 #include <algorithm>
 
 #include "harness/common/errors.h"
+#include "policies/wrapper_policy.h"
 
 namespace kvevict {
 namespace {
 
 // The inner policy's state, budget and score; only the score is pooled by chunk.
-class ChunkKVPolicy : public ScoredPolicy {
+class ChunkKVPolicy : public WrapperPolicy<ScoredPolicy> {
  public:
   ChunkKVPolicy(std::unique_ptr<Policy> inner, const ScoredPolicy& scored, const PolicyOptions& options)
-      : ScoredPolicy(options), inner_(std::move(inner)), scored_(scored) {}
-
-  std::string name() const override { return kChunkPrefix + inner_->name(); }
-  std::vector<const ParamSpec*> parameters() const override {
-    std::vector<const ParamSpec*> params = inner_->parameters();
-    params.push_back(&kChunkLength);
-    return params;
-  }
-  bool splits_budget() const override { return inner_->splits_budget(); }
-  double default_heavy_share() const override { return inner_->default_heavy_share(); }
-  int sink_tokens() const override { return inner_->sink_tokens(); }
-  Budget layer_budget(int layer, const SequenceShape& shape) const override {
-    return inner_->layer_budget(layer, shape);
-  }
-  void validate(const SequenceShape& shape) const override { inner_->validate(shape); }
-  bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
-    return inner_->states_agree(a, b);
-  }
-  TokenVectors token_vectors() const override { return scored_.token_vectors(); }
+      : WrapperPolicy(std::move(inner), scored, options, kChunkPrefix, kChunkLength) {}
 
   int channels(int head_dim) const override { return scored_.channels(head_dim); }
   void on_append(HeadSlots& head, float* slot, int position, const NewToken& token) const override {
@@ -52,8 +35,6 @@ class ChunkKVPolicy : public ScoredPolicy {
   bool shared_across_heads() const override { return true; }
 
  private:
-  std::unique_ptr<Policy> inner_;
-  const ScoredPolicy& scored_;
   const int chunk_length_ = static_cast<int>(options_.params.integer(kChunkLength));
 };
 
