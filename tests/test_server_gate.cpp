@@ -188,11 +188,13 @@ TEST_CASE("SIGTERM with a request half sent ends the server at once; the one bei
   RawConnection half(server.port());
   REQUIRE(half.send(raw_head("POST", "/v1/completions", "Content-Length: 100\r\n\r\n") + "{\"prompt\""));
   RawConnection slow_worker(server.port());
-  REQUIRE(slow_worker.send(raw_completion(R"({"prompt": "Once upon a time", "max_tokens": 300})")));
+  REQUIRE(slow_worker.send(raw_completion(R"({"prompt": "Once upon a time", "max_tokens": 100})")));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto start = GateClock::now();
   CHECK(server.terminate() == 0);
-  CHECK(gate_seconds_since(start) < 10.0);
+  // The half-sent request used to hold the exit for the 60 s read timeout; the bound
+  // leaves room for the answer being computed on a slow (sanitized, loaded) machine.
+  CHECK(gate_seconds_since(start) < 30.0);
   CHECK(answer_status(slow_worker.read_all(5)) == 200);
   CHECK(half.read_all(2).empty());  // closed without an answer: the request never came whole
 }
