@@ -147,21 +147,9 @@ void check_budget(const ResultRow& row) {
     throw Error("column 'budget': expected a ratio in (0, 1], got " + format_number(*row.budget));
 }
 
-// One CSV record as found in the file, with enough position information to report
-// errors by line and to truncate a torn tail.
-struct CsvRecord {
-  std::vector<std::string> fields;
-  std::size_t begin = 0;    // byte offset of the first character
-  std::size_t end = 0;      // byte offset just after the terminating newline
-  int line = 0;             // 1-based physical line where the record starts
-  bool terminated = false;  // ended by a newline outside quotes
-  std::string problem;      // why the quoting is malformed; empty when well-formed
-};
+}  // namespace
 
-// RFC 4180 splitter. Quoted fields may hold commas, doubled quotes and newlines;
-// CRLF line ends are accepted. A quoting error ends the record at the next newline so
-// that the following records are still found.
-std::vector<CsvRecord> split_records(const std::string& text) {
+std::vector<CsvRecord> split_csv_records(const std::string& text) {
   std::vector<CsvRecord> records;
   std::size_t pos = 0;
   int line = 1;
@@ -249,6 +237,8 @@ std::vector<CsvRecord> split_records(const std::string& text) {
   }
   return records;
 }
+
+namespace {
 
 std::string read_whole_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -554,7 +544,7 @@ std::vector<ResultRow> read_results(const std::string& path, bool repair, bool f
   if (keep_until == 0 && !whole.empty() && header.compare(0, whole.size(), whole) != 0)
     throw Error(path + ":1: expected the results header '" + header + "'");
   const std::string text = whole.substr(0, keep_until);
-  const std::vector<CsvRecord> records = split_records(text);
+  const std::vector<CsvRecord> records = split_csv_records(text);
   std::vector<ResultRow> rows;
   if (records.empty()) {
     if (repair && keep_until < whole.size()) truncate_durably(path, keep_until);

@@ -122,6 +122,22 @@ std::string result_header();
 
 // RFC 4180: quotes a field when it contains a comma, quote, CR or LF.
 std::string csv_quote(const std::string& field);
+
+// One CSV record as found in a text, with enough position information to report errors
+// by line and to truncate a torn tail.
+struct CsvRecord {
+  std::vector<std::string> fields;
+  std::size_t begin = 0;    // byte offset of the first character
+  std::size_t end = 0;      // byte offset just after the terminating newline
+  int line = 0;             // 1-based physical line where the record starts
+  bool terminated = false;  // ended by a newline outside quotes
+  std::string problem;      // why the quoting is malformed; empty when well-formed
+};
+
+// RFC 4180 splitter. Quoted fields may hold commas, doubled quotes and newlines;
+// CRLF line ends are accepted. A quoting error ends the record at the next newline so
+// that the following records are still found.
+std::vector<CsvRecord> split_csv_records(const std::string& text);
 // Shortest text that reads back as the same double ("0.2", not "0.20000000000000001").
 std::string format_number(double value);
 

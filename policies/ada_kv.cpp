@@ -155,11 +155,8 @@ class AdaKVPolicy : public WrapperPolicy<RealisablePolicy> {
 }  // namespace
 
 std::unique_ptr<Policy> make_ada_kv(std::unique_ptr<Policy> inner, const PolicyOptions& options) {
-  const auto* scored = dynamic_cast<const ScoredPolicy*>(inner.get());
-  if (!scored || inner->keeps_everything())
-    throw Error("policy " + std::string(kAdaPrefix) + inner->name() + ": \"" + inner->name() +
-                "\" is not a scored eviction policy (e.g. ada+snapkv)");
-  return std::make_unique<AdaKVPolicy>(std::move(inner), *scored, options);
+  const ScoredPolicy& scored = wrapped_scored_policy(*inner, kAdaPrefix);
+  return std::make_unique<AdaKVPolicy>(std::move(inner), scored, options);
 }
 
 }  // namespace kvevict

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "harness/common/errors.h"
 #include "policies/wrapper_policy.h"
 
 namespace kvevict {
@@ -41,11 +40,8 @@ class ChunkKVPolicy : public WrapperPolicy<ScoredPolicy> {
 }  // namespace
 
 std::unique_ptr<Policy> make_chunk_kv(std::unique_ptr<Policy> inner, const PolicyOptions& options) {
-  const auto* scored = dynamic_cast<const ScoredPolicy*>(inner.get());
-  if (!scored || inner->keeps_everything())
-    throw Error("policy " + std::string(kChunkPrefix) + inner->name() + ": \"" + inner->name() +
-                "\" is not a scored eviction policy (e.g. chunk+snapkv)");
-  return std::make_unique<ChunkKVPolicy>(std::move(inner), *scored, options);
+  const ScoredPolicy& scored = wrapped_scored_policy(*inner, kChunkPrefix);
+  return std::make_unique<ChunkKVPolicy>(std::move(inner), scored, options);
 }
 
 }  // namespace kvevict

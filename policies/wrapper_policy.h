@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/common/errors.h"
 #include "policies/policy.h"
 
 namespace kvevict {
@@ -42,5 +43,15 @@ class WrapperPolicy : public Base {
   std::string prefix_;
   const ParamSpec& own_parameter_;
 };
+
+// The scored policy that `prefix` + inner's name wraps; kvevict::Error naming both when
+// `inner` is not a scored policy that evicts.
+inline const ScoredPolicy& wrapped_scored_policy(const Policy& inner, const char* prefix) {
+  const auto* scored = dynamic_cast<const ScoredPolicy*>(&inner);
+  if (!scored || inner.keeps_everything())
+    throw Error("policy " + std::string(prefix) + inner.name() + ": \"" + inner.name() +
+                "\" is not a scored eviction policy (e.g. " + prefix + "snapkv)");
+  return *scored;
+}
 
 }  // namespace kvevict

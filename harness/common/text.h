@@ -24,9 +24,9 @@ std::string shape_string(const Shape& shape) {
   return s + "]";
 }
 
-// Text made safe as one file name: [A-Za-z0-9._-] kept, anything else '_'; never hidden
-// (no leading dot), never empty.
-std::string file_name_part(const std::string& text);
+// Text made safe as one file name: [A-Za-z0-9._-] and the characters of `also_kept`
+// kept, anything else '_'; never hidden (no leading dot), never empty.
+std::string file_name_part(const std::string& text, std::string_view also_kept = "");
 
 // A number as short as "%g" writes it (0.5, 1e-06, 32000): limits in error messages.
 inline std::string short_number(double value) {

@@ -26,17 +26,6 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// A header's text as the error line quotes it: printable ASCII, at most 40 characters.
-std::string quoted(std::string_view text) {
-  std::string out = "\"";
-  for (size_t i = 0; i < text.size() && i < 40; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    out += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '?';
-  }
-  if (text.size() > 40) out += "...";
-  return out + "\"";
-}
-
 Framing refuse(Framing framing, int status, std::string message) {
   framing.state = Framing::State::Refused;
   framing.status = status;
@@ -63,6 +52,16 @@ bool parse_request_line(std::string_view line, Framing& framing) {
 }
 
 }  // namespace
+
+std::string quoted_header_text(std::string_view text, size_t most) {
+  std::string out = "\"";
+  for (size_t i = 0; i < text.size() && i < most; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    out += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '?';
+  }
+  if (text.size() > most) out += "...";
+  return out + "\"";
+}
 
 Framing frame_request(std::string_view bytes, const FramingLimits& limits) {
   Framing framing;
@@ -94,22 +93,22 @@ Framing frame_request(std::string_view bytes, const FramingLimits& limits) {
     at = newline + 1;
     if (line_index == 0) {
       if (!parse_request_line(line, framing))
-        return refuse(framing, 400, "malformed request line " + quoted(line) + " (expected METHOD /path HTTP/1.1)");
+        return refuse(framing, 400, "malformed request line " + quoted_header_text(line) + " (expected METHOD /path HTTP/1.1)");
       continue;
     }
     if (line.empty()) break;  // the head's end
     const size_t colon = line.find(':');
     if (line.front() == ' ' || line.front() == '\t')
-      return refuse(framing, 400, "header line " + quoted(line) + " is folded (obsolete line folding is not accepted)");
+      return refuse(framing, 400, "header line " + quoted_header_text(line) + " is folded (obsolete line folding is not accepted)");
     if (colon == std::string_view::npos || colon == 0)
-      return refuse(framing, 400, "malformed header line " + quoted(line) + " (expected Name: value)");
+      return refuse(framing, 400, "malformed header line " + quoted_header_text(line) + " (expected Name: value)");
     const std::string_view name = line.substr(0, colon), value = trim(line.substr(colon + 1));
     for (unsigned char c : name)
-      if (!is_token_char(c)) return refuse(framing, 400, "malformed header name " + quoted(name));
+      if (!is_token_char(c)) return refuse(framing, 400, "malformed header name " + quoted_header_text(name));
     if (iequals(name, "Content-Length")) {
       bool digits = !value.empty();
       for (char c : value) digits = digits && c >= '0' && c <= '9';
-      if (!digits) return refuse(framing, 400, "Content-Length " + quoted(value) + " is not a number of bytes");
+      if (!digits) return refuse(framing, 400, "Content-Length " + quoted_header_text(value) + " is not a number of bytes");
       // Beyond 18 digits the count cannot fit a limit anyway: over the limit, not an overflow.
       int64_t length = 0;
       bool over = value.size() > 18;
@@ -119,7 +118,7 @@ Framing frame_request(std::string_view bytes, const FramingLimits& limits) {
       }
       if (over)
         return refuse(framing, 413,
-                      "Content-Length " + quoted(value) + " exceeds the body limit of " +
+                      "Content-Length " + quoted_header_text(value) + " exceeds the body limit of " +
                           std::to_string(limits.max_body_bytes) + " bytes (--max-body-bytes)");
       if (have_length && length != content_length)
         return refuse(framing, 400, "two Content-Length headers with different values");
@@ -138,7 +137,7 @@ Framing frame_request(std::string_view bytes, const FramingLimits& limits) {
     return refuse(framing, 411, "Transfer-Encoding is not accepted: send the body with a Content-Length header");
   if (form)
     return refuse(framing, 415,
-                  "Content-Type " + quoted(content_type) + ": the body must be JSON (Content-Type: application/json)");
+                  "Content-Type " + quoted_header_text(content_type) + ": the body must be JSON (Content-Type: application/json)");
   framing.head_bytes = at;
   framing.content_length = content_length;
   const size_t whole = at + static_cast<size_t>(content_length);

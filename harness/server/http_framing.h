@@ -32,6 +32,10 @@ struct Framing {
   std::string message;            // Refused: one line naming the header or the limit
 };
 
+// A header's (or request line's) text as an error line quotes it: in double quotes,
+// printable ASCII ('?' for any other byte), at most `most` characters, then "...".
+std::string quoted_header_text(std::string_view text, size_t most = 40);
+
 // Reads the start of `bytes` (everything a connection has sent and the server has not yet
 // answered). Refuses: a malformed request line or header (400), a head over the limit
 // (431), a Content-Length that is not a decimal count of bytes or is given twice with two

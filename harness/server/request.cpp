@@ -254,9 +254,11 @@ CompletionRequest parse_completion_request(std::string_view body, const RequestL
       integer_field(value, key, 1, 1);
     } else if (key == "seed") {
       if (!value.is_number_integer()) throw bad(key, "\"seed\" must be an integer, not " + kind_of(value));
-      if (!value.is_number_unsigned() && value.get<long long>() < 0)
-        throw bad(key, "\"seed\" " + value.dump() + " is out of range [0, 18446744073709551615]");
-      request.seed = value.get<std::uint64_t>();
+      try {
+        request.seed = json_seed(value, "request body", key);
+      } catch (const Error& e) {
+        throw bad(key, e.what());
+      }
     } else if (key == "stop") {
       request.stop = read_stop(value);
     } else if (key == "logprobs") {

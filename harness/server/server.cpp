@@ -287,13 +287,6 @@ json logprobs_json(const Choice& c) {
   return json{{"tokens", c.tokens}, {"token_logprobs", values}, {"top_logprobs", top}, {"text_offset", c.text_offset}};
 }
 
-// A header value as an error message quotes it: printable ASCII, at most 80 characters.
-std::string printable(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size() && i < 80; ++i) out += (text[i] >= 0x20 && text[i] < 0x7f) ? text[i] : '?';
-  return out;
-}
-
 // The host of a Host header or an Origin's authority ("name", "name:port", "[v6]:port",
 // "name/path"), lower-cased, brackets and port removed.
 std::string host_name_of(std::string text) {
@@ -578,13 +571,13 @@ struct Server::Impl {
     if (req.has_header("Host")) {
       const std::string host = req.get_header_value("Host");
       if (!is_allowed(host_name_of(host)))
-        return "Host \"" + printable(host) + "\" is not a name this server answers to (--allowed-host)";
+        return "Host " + quoted_header_text(host, 80) + " is not a name this server answers to (--allowed-host)";
     }
     if (req.has_header("Origin")) {
       const std::string origin = req.get_header_value("Origin");
       const size_t scheme = origin.find("://");
       if (scheme == std::string::npos || !is_allowed(host_name_of(origin.substr(scheme + 3))))
-        return "Origin \"" + printable(origin) + "\" may not call this server (--allowed-host)";
+        return "Origin " + quoted_header_text(origin, 80) + " may not call this server (--allowed-host)";
     }
     return "";
   }

@@ -14,6 +14,7 @@
 #include "harness/common/text.h"
 #include "harness/common/version.h"
 #include "harness/sweep/sweep_folder.h"
+#include "notebooks-export/results_csv.h"
 #include "policies/registry.h"
 #include "tasks/long_context.h"
 #include "tasks/task.h"
@@ -44,69 +45,7 @@ std::string yaml_string(const std::string& s) {
   return plain ? s : json(s).dump();
 }
 
-// RFC 4180: a field with a comma, quote, CR or LF is quoted, its quotes doubled.
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
 const char* const kColumns[] = {"index", "task", "context_length", "question", "answer", "predicted_answer"};
-
-// The records of an RFC 4180 file (quoted fields may hold newlines); `lines` gets each
-// record's first line number.
-std::vector<std::vector<std::string>> csv_records(const std::string& text, const std::string& path,
-                                                  std::vector<int>* lines) {
-  std::vector<std::vector<std::string>> records;
-  std::vector<std::string> record;
-  std::string field;
-  bool quoted = false, field_started = false;
-  int line = 1, record_line = 1;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
-        field += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        if (c == '\n') ++line;
-        field += c;
-      }
-      continue;
-    }
-    if (c == '"' && !field_started) {
-      quoted = field_started = true;
-    } else if (c == ',') {
-      record.push_back(field);
-      field.clear();
-      field_started = false;
-    } else if (c == '\n' || c == '\r') {
-      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
-      record.push_back(field);
-      records.push_back(record);
-      lines->push_back(record_line);
-      record.clear();
-      field.clear();
-      field_started = false;
-      record_line = ++line;
-    } else if (c == '"') {
-      throw Error(path + ":" + std::to_string(line) + ": a quote inside an unquoted field");
-    } else {
-      field += c;
-      field_started = true;
-    }
-  }
-  if (quoted) throw Error(path + ":" + std::to_string(record_line) + ": a quoted field is not closed");
-  if (field_started || !record.empty()) {
-    record.push_back(field);
-    records.push_back(record);
-    lines->push_back(record_line);
-  }
-  return records;
-}
 
 int64_t integer_cell(const std::string& text, const std::string& where) {
   if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos)
@@ -120,9 +59,7 @@ std::string leaderboard_run_folder(const LeaderboardRun& run) {
   std::string name = "ruler__" + std::to_string(run.length) + "__" + run.model + "__" + run.press_name + "__" +
                      two_decimals(run.compression_ratio);
   if (run.query_aware) name += "__query_aware";
-  for (char& c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && std::string("._+-").find(c) == std::string::npos) c = '_';
-  return name;
+  return file_name_part(name, "+");  // "ada+snapkv" as the policy is named
 }
 
 json leaderboard_metrics(const std::vector<LeaderboardPrediction>& predictions) {
@@ -168,23 +105,23 @@ std::string leaderboard_predictions_csv(const std::vector<LeaderboardPrediction>
   for (const char* column : kColumns) out += std::string(out.empty() ? "" : ",") + column;
   out += "\n";
   for (const auto& p : predictions) {
-    out += std::to_string(p.index) + "," + csv_field(p.task) + "," + std::to_string(p.context_length) + "," +
-           csv_field(p.question) + "," + csv_field(json(p.answer).dump()) + "," + csv_field(p.predicted_answer) + "\n";
+    out += std::to_string(p.index) + "," + csv_quote(p.task) + "," + std::to_string(p.context_length) + "," +
+           csv_quote(p.question) + "," + csv_quote(json(p.answer).dump()) + "," + csv_quote(p.predicted_answer) + "\n";
   }
   return out;
 }
 
 std::vector<LeaderboardPrediction> read_leaderboard_predictions(const std::string& path) {
-  std::vector<int> lines;
-  const auto records = csv_records(read_text_file(path), path, &lines);
+  const auto records = split_csv_records(read_text_file(path));
   if (records.empty()) throw Error(path + ": empty, expected a header line");
   const std::vector<std::string> header(std::begin(kColumns), std::end(kColumns));
-  if (records[0] != header)
+  if (records[0].fields != header)
     throw Error(path + ":1: the header is not index,task,context_length,question,answer,predicted_answer");
   std::vector<LeaderboardPrediction> predictions;
   for (size_t r = 1; r < records.size(); ++r) {
-    const std::string where = path + ":" + std::to_string(lines[r]);
-    const auto& f = records[r];
+    const std::string where = path + ":" + std::to_string(records[r].line);
+    if (!records[r].problem.empty()) throw Error(where + ": " + records[r].problem);
+    const auto& f = records[r].fields;
     if (f.size() != header.size())
       throw Error(where + ": " + std::to_string(f.size()) + " fields, expected " + std::to_string(header.size()));
     LeaderboardPrediction p;
