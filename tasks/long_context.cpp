@@ -184,6 +184,18 @@ LongContextItem LongContextGenerator::item_with_units(int index, int units) cons
   item.length = options_.length;
   item.haystack_units = units;
   item.prompt_tokens = static_cast<int>(tokenizer_.encode(item.prompt()).size());
+  // Items with fewer questions than asked are refused by the evaluator (a needle haystack's
+  // count grows with its units, so a probe of the search may have fewer than the fit).
+  const int turns = std::min<int>(options_.turns, static_cast<int>(item.turns.size()));
+  for (GenerationTurn& turn : item.turns) turn.max_new_tokens = recipe_->turn_tokens_to_generate();
+  if (turns > 0) {
+    // The whole conversation fits the length: the context, the asked questions and the
+    // most tokens of an answer after each.
+    int64_t conversation = static_cast<int64_t>(tokenizer_.encode(item.context).size());
+    for (int k = 0; k < turns; ++k)
+      conversation += static_cast<int64_t>(tokenizer_.encode(item.turns[k].question).size()) + item.turns[k].max_new_tokens;
+    item.shared_context_tokens = static_cast<int>(conversation);
+  }
   return item;
 }
 
@@ -195,7 +207,8 @@ LongContextItem LongContextGenerator::item(int index) const {
     throw Error(task_ + ": length " + std::to_string(length) + " is too short: every item fits from " +
                 std::to_string(least->tokens) + " (" + least->why + ")");
   auto fits = [&](const LongContextItem& item) {
-    return static_cast<long long>(item.prompt_tokens) + item.tokens_to_generate <= length;
+    return static_cast<long long>(item.prompt_tokens) + item.tokens_to_generate <= length &&
+           item.shared_context_tokens <= length;
   };
   const int min_units = recipe_->min_units();
   const std::optional<int> max_units = recipe_->max_units();
@@ -233,7 +246,11 @@ LongContextItem LongContextGenerator::item(int index) const {
         if (hi == min_units)
           throw Error(task_ + ": length " + std::to_string(length) + " is too short: with the fewest haystack units (" +
                       std::to_string(min_units) + ") the prompt takes " + std::to_string(best.prompt_tokens) +
-                      " tokens and the answer " + std::to_string(best.tokens_to_generate) + " more");
+                      " tokens and the answer " + std::to_string(best.tokens_to_generate) + " more" +
+                      (options_.turns > 0 ? "; the context, --turns " + std::to_string(options_.turns) +
+                                                " questions and their answers " +
+                                                std::to_string(best.shared_context_tokens)
+                                          : std::string()));
         const long long candidate = std::max<long long>(min_units, hi - step);
         LongContextItem probe = item_with_units(index, static_cast<int>(candidate));
         if (fits(probe)) {
@@ -318,6 +335,7 @@ class LongContextTask : public Task {
       doc.prompt_tokens = item.prompt_tokens;
       doc.depth = item.depth;
       doc.haystack = item.haystack;
+      doc.turns = std::move(item.turns);
       docs.push_back(std::move(doc));
     }
     return docs;

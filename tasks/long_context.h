@@ -45,8 +45,13 @@ struct LongContextItem {
   int length = 0;          // the requested length
   int prompt_tokens = 0;   // tokens of prompt() without special tokens
   int haystack_units = 0;  // the fitted number of units
+  // With TaskOptions::turns: the context's tokens plus each asked question's and
+  // tokens_to_generate after each (what a multi-turn conversation holds at most).
+  int shared_context_tokens = 0;
   std::optional<double> depth;  // the asked needle's depth, where one needle holds the answer
   std::string haystack;         // "noise", "needle", "xsum", "words", "coded"
+  // Recipes whose context holds several keys: one question per key (GenerationDoc::turns).
+  std::vector<GenerationTurn> turns;
 
   std::string prompt() const { return context + question; }
 };
@@ -63,6 +68,9 @@ class LongContextRecipe {
  public:
   virtual ~LongContextRecipe() = default;
   virtual int tokens_to_generate() const = 0;
+  // The most tokens of each answer in a shared-context evaluation's turns (one key's
+  // values, where tokens_to_generate() is RULER's cap for the whole question).
+  virtual int turn_tokens_to_generate() const { return tokens_to_generate(); }
   // The fewest units an item can have (e.g. one position per needle).
   virtual int min_units() const = 0;
   // The most units the data allows; nullopt: no limit (the essay repeats).

@@ -60,6 +60,12 @@ class RulerNiah : public LongContextRecipe {
   }
 
   int tokens_to_generate() const override { return 128; }
+  // One key's values: 32 tokens per number or word, 64 per uuid (a 7-digit number is 8
+  // tokens in Llama-2's digit-by-digit tokenizer, a uuid about 25), so that a conversation
+  // of several turns fits where RULER's 128 per question would not.
+  int turn_tokens_to_generate() const override {
+    return config_.values * (config_.value == Draw::Uuids ? 64 : 32);
+  }
   int min_units() const override {
     // Noise and needle haystacks draw one distinct unit position per needle.
     return config_.haystack == Haystack::Essay ? 1 : needle_count();
@@ -94,6 +100,7 @@ class RulerNiah : public LongContextRecipe {
     };
     std::vector<Piece> pieces;
     std::vector<Needle> placed(needles.size());
+    std::vector<std::pair<std::string, std::string>> distractors;  // needle haystack: (key, value), in context order
     PythonRandom position_rng = stream(seed, "positions");
     std::string separator;
     if (config_.haystack == Haystack::Essay) {
@@ -129,6 +136,7 @@ class RulerNiah : public LongContextRecipe {
     } else {
       separator = "\n";
       PythonRandom haystack_rng = stream(seed, "haystack");
+      distractors.reserve(static_cast<size_t>(units));
       for (int u = 0; u < units; ++u) {
         if (config_.haystack == Haystack::Noise) {
           pieces.push_back({kNoiseParagraph});
@@ -137,7 +145,9 @@ class RulerNiah : public LongContextRecipe {
         std::string key = draw(haystack_rng, config_.key);
         // A distractor never shares a key with a real needle: the question stays unambiguous.
         while (std::find(keys.begin(), keys.end(), key) != keys.end()) key = draw(haystack_rng, config_.key);
-        pieces.push_back({needle_text(key, draw(haystack_rng, config_.value))});
+        std::string value = draw(haystack_rng, config_.value);
+        pieces.push_back({needle_text(key, value)});
+        distractors.push_back({std::move(key), std::move(value)});
       }
       // random.sample(range(units), needles), inserted from the largest index down, so
       // needle n ends up with exactly index[n] haystack units before it.
@@ -189,6 +199,30 @@ class RulerNiah : public LongContextRecipe {
     item.question = fill(question, type, query);
     for (size_t k : asked)
       for (const auto& value : values[k]) item.references.push_back(value);
+    // Shared-context evaluation (SCBench): one question per key, in RULER's one-key form
+    // (singular with one value per key): the asked keys first, then the other needles'
+    // keys, then (a needle haystack, SCBench's key-value retrieval) each distractor's key
+    // in context order, its one value the answer (a key drawn twice is asked once).
+    std::vector<size_t> turn_keys = asked;
+    for (size_t k = 0; k < keys.size(); ++k)
+      if (std::find(asked.begin(), asked.end(), k) == asked.end()) turn_keys.push_back(k);
+    const std::string singular = plural.substr(0, plural.size() - 1);
+    auto one_key_question = [&](bool one_value, const std::string& key) {
+      std::string text = question;
+      if (!one_answer && one_value) text = replace_all(replace_all(text, "are all", "is"), "are", "is");
+      if (one_answer && !one_value) throw Error("internal: a one-answer question for several values");
+      return fill(text, one_value ? singular : plural, key);
+    };
+    std::vector<std::string> turn_key_names;
+    for (size_t k : turn_keys) {
+      item.turns.push_back({one_key_question(config_.values == 1, keys[k]), values[k]});
+      turn_key_names.push_back(keys[k]);
+    }
+    for (const auto& [key, value] : distractors) {
+      if (std::count(turn_key_names.begin(), turn_key_names.end(), key) > 0) continue;
+      item.turns.push_back({one_key_question(true, key), {value}});
+      turn_key_names.push_back(key);
+    }
     item.needles = placed;
     if (one_answer)
       for (size_t n = 0; n < needles.size(); ++n)

@@ -34,6 +34,10 @@ struct TaskOptions {
   // does), and niah's needle depth in [0, 1] (the other tasks draw their depths).
   int length = 0;
   std::optional<double> depth;
+  // Shared-context evaluation (SCBench): the questions asked of each context, from
+  // GenerationDoc::turns; every item is fitted so that its context, these questions and
+  // their answers fit `length`. 0: the task's one question.
+  int turns = 0;
 };
 
 // One log-likelihood request: score `continuation` given `context`
@@ -50,6 +54,15 @@ struct MultipleChoiceDoc {
   // Text whose character length normalises acc_norm (lm-eval: the choice string).
   std::vector<std::string> choice_texts;
   int gold = 0;
+};
+
+// One of several questions asked of one context (SCBench's shared-context setting): the
+// text that follows the context (question and answer prefix) and what its answer should
+// contain.
+struct GenerationTurn {
+  std::string question;
+  std::vector<std::string> references;
+  int max_new_tokens = 0;  // its answer's most tokens
 };
 
 // A generation document (XSum): prompt in, text out, scored against `reference`.
@@ -73,6 +86,9 @@ struct GenerationDoc {
   int prompt_tokens = 0;         // tokens of `prompt` under the tokenizer it was fitted with
   std::optional<double> depth;   // in [0, 1], where the answer sits in one needle
   std::string haystack;          // what fills the context: "noise", "needle", "xsum", ...
+  // The long-context tasks whose context holds several keys (ruler_niah_*): one question
+  // per key, the asked keys first, each to follow prompt[0, question_offset).
+  std::vector<GenerationTurn> turns;
 };
 
 // The model's answer to one log-likelihood request.
@@ -87,6 +103,7 @@ struct MetricValue {
   double value = 0;
   double stderr_ = 0;  // standard error of the mean
   int n = 0;
+  std::optional<int> turn;  // shared-context evaluation: the turn (1-based) it is of
 };
 
 enum class TaskKind { MultipleChoice, Generation, Perplexity };
