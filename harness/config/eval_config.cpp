@@ -24,6 +24,15 @@ const EnumName<ScoreMode> kScoreModeNames[] = {{ScoreMode::Sum, "sum"}, {ScoreMo
 ScoreMode parse_score_mode(const std::string& name) { return parse_enum(kScoreModeNames, "score", name); }
 std::string score_mode_name(ScoreMode m) { return enum_name(kScoreModeNames, m); }
 
+const EnumName<SharedContext> kSharedContextNames[] = {{SharedContext::MultiTurn, "multi-turn"},
+                                                       {SharedContext::MultiRequest, "multi-request"}};
+SharedContext parse_shared_context(const std::string& name) {
+  return parse_enum(kSharedContextNames, "shared-context", name);
+}
+std::string shared_context_name(SharedContext p) {
+  return p == SharedContext::None ? "" : enum_name(kSharedContextNames, p);
+}
+
 const EnumName<Pipeline> kPipelineNames[] = {{Pipeline::LmEval, "lm-eval"}, {Pipeline::H2O, "h2o"}};
 Pipeline parse_pipeline(const std::string& name) { return parse_enum(kPipelineNames, "pipeline", name); }
 std::string pipeline_name(Pipeline pipeline) { return enum_name(kPipelineNames, pipeline); }
@@ -64,6 +73,10 @@ ResultRow identity_row(const std::string& model, const EvalConfig& c) {
     row.length = c.task_options.length;
     if (c.task_options.depth) row.depth = *c.task_options.depth;
     row.question = question_mode_name(c.question);
+    if (c.task_options.turns > 0) {
+      row.turns = c.task_options.turns;
+      row.shared_context = shared_context_name(c.shared_context);
+    }
   }
   row.version = kvevict_version();
   return row;

@@ -30,6 +30,13 @@ std::string score_mode_name(ScoreMode mode);
 enum class QuestionMode { Aware, Agnostic };
 QuestionMode parse_question_mode(const std::string& name);
 std::string question_mode_name(QuestionMode mode);
+// SCBench's shared-context evaluation (arXiv 2412.10319) of a long-context task's several
+// questions of one context (TaskOptions::turns): none (the task's one question),
+// multi-turn (one cache: each question and answer enters the cache the earlier turns
+// left) or multi-request (each question against its own fork of the compressed context).
+enum class SharedContext { None, MultiTurn, MultiRequest };
+SharedContext parse_shared_context(const std::string& name);
+std::string shared_context_name(SharedContext protocol);  // "" for None
 // "lm-eval" or "h2o" (the --pipeline flag and the results column).
 Pipeline parse_pipeline(const std::string& name);
 std::string pipeline_name(Pipeline pipeline);
@@ -57,6 +64,8 @@ struct EvalConfig {
   // context (SharedContextStream, harness/runtime/scorer.h). Not part of the identity:
   // every number is the same either way.
   bool context_reuse = true;
+  // With task_options.turns > 0: how the turns share the context (generate_turns).
+  SharedContext shared_context = SharedContext::None;
 };
 
 // A long-context item is fitted to its length and never cut (max_length does not apply

@@ -416,7 +416,8 @@ GenerationStream::GenerationStream(const Model& model, const Policy& policy, std
   if (Q < 0 || Q >= P || (Q > 0 && options_.stream))
     throw Error("a question of " + std::to_string(Q) + " tokens cannot follow the compressed part of a " +
                 std::to_string(P) + "-token prompt" + (options_.stream ? " under the stream protocol" : ""));
-  SequenceShape shape = shape_for(model, P - Q, options_.stream ? 0 : P - Q);
+  SequenceShape& shape = shape_;
+  shape = shape_for(model, P - Q, options_.stream ? 0 : P - Q);
   shape.question_len = Q;
   policy.validate(shape);
   check_kv_quant_head_dim(policy.options().kv_quant, model.arch().head_dim);
@@ -513,6 +514,98 @@ Generation GenerationStream::result() {
   }
   out_.kv = attention_->stats();
   return out_;
+}
+
+void GenerationStream::ask(const std::vector<int>& question, GenerateOptions options) {
+  if (!done_) throw Error("internal: ask() before the previous answer is done");
+  if (question.empty()) throw Error("a turn's question encodes to no tokens");
+  // Every chosen token but the last has run; an EOS was chosen but never enters.
+  std::vector<int> feed;
+  if (out_.finish != FinishReason::Eos && !out_.tokens.empty()) feed.push_back(out_.tokens.back());
+  feed.insert(feed.end(), question.begin(), question.end());
+  if (model_.arch().positions == PositionKind::Learned && position_ + static_cast<int64_t>(feed.size()) > model_.arch().max_positions)
+    throw Error("a turn's question of " + std::to_string(question.size()) + " tokens at position " +
+                std::to_string(position_) + " passes the model's context of " +
+                std::to_string(model_.arch().max_positions) + " tokens");
+  prefill_.clear();
+  for (size_t i = 0; i < feed.size(); ++i) prefill_.push_back({{feed[i]}, position_ + static_cast<int>(i), attention_.get()});
+  prefill_next_ = 0;
+  position_ += static_cast<int>(feed.size());
+  options.question_tokens = 0;
+  options.stream = false;
+  options_ = std::move(options);
+  rng_.seed(options_.seed);
+  out_ = Generation{};
+  step_ = 0;
+  done_ = false;
+}
+
+bool GenerationStream::continue_from(const GenerationStream& context) {
+  if (prefill_next_ != 0 || step_ != 0 || context.prefill_next_ != 1 || prefill_.size() != 2 ||
+      context.prefill_.size() != 2)
+    throw Error("internal: continue_from needs a context stream that ran its context block only, this one not started");
+  if (!same_call(prefill_[0], context.prefill_[0]))
+    throw Error("internal: continue_from a context whose model calls differ");
+  std::unique_ptr<CacheAttention> fork = context.attention_->fork(shape_);
+  if (!fork) return false;
+  attention_ = std::move(fork);
+  for (BatchSegment& piece : prefill_) piece.attention = attention_.get();
+  prefill_next_ = 1;  // the context block's logits are not read: the answer starts after the question
+  return true;
+}
+
+std::vector<Generation> generate_turns(const Model& model, const Policy& policy, const TurnsRequest& request,
+                                       SharedContext protocol,
+                                       const std::function<void(int, const GenerationStream&)>& after_turn,
+                                       int64_t* calls_saved) {
+  const size_t turns = request.questions.size();
+  if (turns == 0) throw Error("a shared-context request needs at least one question");
+  if (request.options.size() != turns) throw Error("internal: generate_turns needs one options entry per question");
+  if (protocol == SharedContext::None) throw Error("internal: generate_turns needs multi-turn or multi-request");
+  auto prompt_of = [&](size_t k) {
+    if (request.questions[k].empty()) throw Error("question " + std::to_string(k + 1) + " encodes to no tokens");
+    std::vector<int> prompt = request.context;
+    prompt.insert(prompt.end(), request.questions[k].begin(), request.questions[k].end());
+    return prompt;
+  };
+  auto options_of = [&](size_t k) {
+    GenerateOptions options = request.options[k];
+    options.question_tokens = static_cast<int>(request.questions[k].size());
+    options.stream = false;
+    return options;
+  };
+  std::vector<Generation> out;
+  if (protocol == SharedContext::MultiTurn) {
+    GenerationStream stream(model, policy, prompt_of(0), options_of(0));
+    for (size_t k = 0; k < turns; ++k) {
+      if (k > 0) stream.ask(request.questions[k], request.options[k]);
+      run_alone(model, stream);
+      if (after_turn) after_turn(static_cast<int>(k), stream);
+      out.push_back(stream.result());
+    }
+    return out;
+  }
+  std::vector<std::unique_ptr<GenerationStream>> streams;
+  for (size_t k = 0; k < turns; ++k)
+    streams.push_back(std::make_unique<GenerationStream>(model, policy, prompt_of(k), options_of(k)));
+  std::vector<char> started(turns, 0);
+  for (size_t k = 0; k < turns; ++k) {
+    GenerationStream& stream = *streams[k];
+    if (!started[k]) {
+      // The context block alone, then every later question of the group forks its cache.
+      const BatchSegment segment = stream.next();
+      stream.take(model.forward(segment.tokens, segment.start, *segment.attention));
+      for (size_t j = k + 1; j < turns; ++j)
+        if (!started[j] && streams[j]->continue_from(stream)) {
+          started[j] = 1;
+          if (calls_saved) ++*calls_saved;
+        }
+    }
+    run_alone(model, stream);
+    if (after_turn) after_turn(static_cast<int>(k), stream);
+    out.push_back(stream.result());
+  }
+  return out;
 }
 
 Generation generate(const Model& model, const Policy& policy, const std::vector<int>& prompt,

@@ -256,10 +256,31 @@ class GenerationStream : public BatchStream {
   // The outcome, once done().
   Generation result();
 
+  // SCBench's multi-turn protocol (harness/runtime/scorer.h, generate_turns): once done(),
+  // the next question enters this same cache and a new answer is generated under
+  // `options` (its question_tokens and stream are not read). The answer's last chosen
+  // token, which no call has run yet (none after an EOS), then the question's tokens run
+  // one per model call, each compressed by the policy as a decode step is (a block of
+  // several tokens is allowed only where nothing is evicted: the prefill and the first
+  // question, Budget::question_len). result() then gives this turn's answer alone; its kv
+  // counts the cache since its start.
+  void ask(const std::vector<int>& question, GenerateOptions options);
+  // SCBench's multi-request protocol: goes on from `context`'s cache right after its
+  // context block (the prompt's part before question_tokens), which `context` ran as its
+  // only call so far; this stream, not started, has the same context block (tokens and
+  // positions). Its cache is a fork (CacheAttention::fork). False, with nothing changed,
+  // when the policy's states for this shape do not agree with `context`'s
+  // (Policy::states_agree: e.g. another question length) or cannot be cloned: the stream
+  // then runs its context itself. Either way its answer is generate()'s, bit for bit.
+  bool continue_from(const GenerationStream& context);
+  // The cache (for the tests: positions held, tokens cached).
+  const CacheAttention& cache() const { return *attention_; }
+
  private:
   void choose(const torch::Tensor& row);  // one decode step's choice from the last row's logits
   const Model& model_;
   GenerateOptions options_;
+  SequenceShape shape_;
   std::unique_ptr<CacheAttention> attention_;
   std::vector<BatchSegment> prefill_;  // the prompt's blocks still to run
   size_t prefill_next_ = 0;
@@ -269,6 +290,35 @@ class GenerationStream : public BatchStream {
   int step_ = 0;
   bool done_ = false;
 };
+
+// SCBench's shared-context setting (Li et al. 2024, "SCBench: A KV Cache-Centric Analysis
+// of Long-Context Methods", arXiv 2412.10319): one context, several questions asked of it.
+// `context` holds the context's tokens (BOS first where the prompt has one), questions[k]
+// turn k's question tokens (with its answer prefix): context + questions[k] is the
+// single-question prompt of question k, whose question enters after the context was
+// prefilled and compressed (GenerateOptions::question_tokens). options[k] are turn k's
+// (max_new_tokens, stop, temperature, seed; question_tokens and stream are set here).
+//
+// MultiRequest: each question against its own copy of the compressed context. Turn k is
+// generate(context + questions[k]) with question_tokens = |questions[k]|, bit for bit; the
+// context's call runs once for each group of questions whose policy states agree
+// (Policy::states_agree: the same question length) and the others of the group fork its
+// cache (GenerationStream::continue_from).
+// MultiTurn: one cache for the whole conversation. Turn 1 is generate(context +
+// questions[0]) as above; every later turn's tokens (the previous answer's last token,
+// its question) enter the same cache one per call under the policy (GenerationStream::ask),
+// so turn k sees the compressed context plus what the policy kept of the earlier turns.
+// after_turn(k, stream), when given, is called as turn k's answer is chosen (before the
+// next question enters); `calls_saved` adds the model calls forks saved.
+struct TurnsRequest {
+  std::vector<int> context;
+  std::vector<std::vector<int>> questions;
+  std::vector<GenerateOptions> options;
+};
+std::vector<Generation> generate_turns(const Model& model, const Policy& policy, const TurnsRequest& request,
+                                       SharedContext protocol,
+                                       const std::function<void(int, const GenerationStream&)>& after_turn = {},
+                                       int64_t* calls_saved = nullptr);
 
 // Generates for every prompt (prompts[i] with options[i]) with up to batch_size of them
 // decoding together: a request that stops (EOS, stop string, max tokens) leaves the batch
