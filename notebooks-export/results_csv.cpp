@@ -334,9 +334,12 @@ const std::vector<ResultColumn>& result_column_table() {
       {"length", &R::length, Role::setting, Use::context, label},
       {"depth", &R::depth, Role::setting, Use::context, label},
       {"question", &R::question, Role::setting, Use::context, label},
+      {"shared_context", &R::shared_context, Role::setting, Use::context, label},
+      {"turns", &R::turns, Role::setting, Use::context, label},
       // Follows from the task.
       {"haystack", &R::haystack, Role::derived},
       {"metric", &R::metric, Role::metric},
+      {"turn", &R::turn, Role::metric},
       {"value", &R::value, Role::measurement},
       {"stderr", &R::stderr_, Role::measurement},
       {"n", &R::n, Role::measurement},

@@ -39,8 +39,14 @@ struct ResultRow {
   std::optional<int> length;
   std::optional<double> depth;
   std::string question;
+  // SCBench's shared-context evaluation: "multi-turn" or "multi-request" ("" otherwise),
+  // the questions asked of each context, and the turn (1-based) a metric row is of
+  // (empty: over every turn, or no turns).
+  std::string shared_context;
+  std::optional<int> turns;
   std::string haystack;
   std::string metric;  // "acc", "acc_norm", "rouge1", "nll", ...
+  std::optional<int> turn;
   double value = 0;
   std::optional<double> stderr_;  // standard error of the mean
   int n = 0;                      // examples behind the value

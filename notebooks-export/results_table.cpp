@@ -205,6 +205,11 @@ PivotTable pivot_results(const std::vector<ResultRow>& rows, const PivotOptions&
              std::find(column_key.begin(), column_key.end(), "metric") == column_key.end()) {
     row_key.push_back("metric");  // otherwise acc and acc_norm would collide
   }
+  // A shared-context evaluation's rows per turn beside its overall row would collide too.
+  if (std::find(row_key.begin(), row_key.end(), "turn") == row_key.end() &&
+      std::find(column_key.begin(), column_key.end(), "turn") == column_key.end() &&
+      std::any_of(rows.begin(), rows.end(), [](const ResultRow& row) { return row.turn.has_value(); }))
+    row_key.push_back("turn");
 
   // Pass 1: keep matching rows and collect labels in first-appearance order.
   std::vector<std::map<std::string, std::string>> kept;

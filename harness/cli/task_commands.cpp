@@ -39,6 +39,8 @@ struct EvalArgs {
   double depth = 0;  // read only when --depth is given
   bool no_bos = false, bos = false, file_order = false, helm_truncate = false;
   bool no_context_reuse = false;
+  int turns = 0;               // --turns: questions per context (SCBench's shared-context setting)
+  std::string shared_context;  // --shared-context: multi-turn or multi-request
   double temperature = 0;
   uint64_t seed = 0;
   RuntimeFlags runtime;
@@ -125,6 +127,8 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   config.task_options.length = a.length;
   if (at.command.count("--depth")) config.task_options.depth = a.depth;
   config.question = parse_question_mode(a.question);
+  config.task_options.turns = a.turns;
+  if (!a.shared_context.empty()) config.shared_context = parse_shared_context(a.shared_context);
   config.batch_size = a.batch_size > 0 ? a.batch_size : default_batch_size(*model);
   config.context_reuse = !a.no_context_reuse;
   // Said once, where a default batches (a model that runs each op on one thread takes
@@ -156,9 +160,16 @@ int run_eval(EvalArgs& a, const Invocation& at) {
       if (config.task_options.depth) j["depth"] = *config.task_options.depth;
       j["question"] = a.question;
       j["haystack"] = result.haystack;
+      if (a.turns > 0) {
+        j["turns"] = a.turns;
+        j["shared_context"] = a.shared_context;
+      }
     }
     j["n"] = result.n;
-    for (const auto& m : result.metrics) j["metrics"][m.name] = {{"value", m.value}, {"stderr", m.stderr_}};
+    for (const auto& m : result.metrics) {
+      nlohmann::json& at_turn = m.turn ? j["metrics_per_turn"][std::to_string(*m.turn)] : j["metrics"];
+      at_turn[m.name] = {{"value", m.value}, {"stderr", m.stderr_}};
+    }
     if (result.agreement_with_full) j["agreement_with_full"] = *result.agreement_with_full;
     if (result.mean_abs_ll_change) j["mean_abs_ll_change"] = *result.mean_abs_ll_change;
     j["kv_tokens_kept"] = result.kv_tokens_kept;
@@ -282,6 +293,14 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
                        "agnostic (compress the context, then feed the question uncompressed)")
       ->check(CLI::IsMember({"aware", "agnostic"}))
       ->capture_default_str();
+  eval_cmd->add_option("--turns", a.turns,
+                       "ruler_niah_* tasks: ask N questions of each context, one per needle key (SCBench's "
+                       "shared-context setting); needs --shared-context")
+      ->check(cli::at_least(1));
+  eval_cmd->add_option("--shared-context", a.shared_context,
+                       "with --turns: multi-turn (one cache: each question and answer enters the cache the earlier "
+                       "turns left) or multi-request (each question against its own fork of the compressed context)")
+      ->check(CLI::IsMember({"multi-turn", "multi-request"}));
   eval_cmd->add_option("--shots", a.shots, "few-shot examples")->check(cli::at_least(0))->capture_default_str();
   cli::add_seed_option(*eval_cmd, "--fewshot-seed", a.fewshot_seed, "few-shot sampling seed (lm-eval 0.3: 42)");
   eval_cmd->add_option("--limit", a.limit, "evaluate only the first N documents (-1: all)")->capture_default_str();

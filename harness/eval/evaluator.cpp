@@ -1,5 +1,6 @@
 #include "harness/eval/evaluator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "harness/eval/h2o_adaptor.h"
 #include "harness/eval/joint_request.h"
 #include "harness/eval/request_workers.h"
+#include "tasks/long_context.h"
 #include "policies/registry.h"
 
 namespace kvevict {
@@ -129,6 +131,111 @@ void check_long_context(const EvalConfig& config, const Task& task) {
                 "prefill-compress");
 }
 
+// SCBench's shared-context evaluation: several questions of one compressed context.
+void check_shared_context(const EvalConfig& config, const Task& task) {
+  const int turns = config.task_options.turns;
+  const bool shared = config.shared_context != SharedContext::None;
+  if (turns < 0) throw Error("--turns " + std::to_string(turns) + " must be at least 1");
+  if (turns == 0 && !shared) return;
+  if (turns == 0) throw Error("--shared-context needs --turns N: the questions to ask of each context");
+  if (!shared) throw Error("--turns needs --shared-context multi-turn or multi-request");
+  if (!task.long_context() || task.kind() != TaskKind::Generation)
+    throw Error("--turns asks several questions of one long context: it applies to the ruler_niah_* tasks, not " +
+                config.task);
+  if (config.question != QuestionMode::Agnostic || config.protocol != Protocol::PrefillCompress)
+    throw Error("--shared-context compresses the context once, before any question is seen: it needs --protocol "
+                "prefill-compress --question agnostic");
+  if (config.task_options.pipeline == Pipeline::H2O)
+    throw Error("--shared-context runs the lm-eval pipeline's prompts; drop --pipeline h2o");
+}
+
+// Each document's turns under config.shared_context (generate_turns), one document at a
+// time per request worker: RULER's string match per turn, and over every turn.
+void run_turns(const Model& model, const Policy& policy, const EvalConfig& config, const Task& task,
+               const std::vector<GenerationDoc>& docs, bool bos, const Progress& progress, EvalResult& result,
+               Usage& usage) {
+  const int turns = config.task_options.turns;
+  for (const GenerationDoc& doc : docs)
+    if (static_cast<int>(doc.turns.size()) < turns)
+      throw Error("--turns " + std::to_string(turns) + ": " + config.task + " item " + doc.id + " asks " +
+                  std::to_string(doc.turns.size()) + " question" + (doc.turns.size() == 1 ? "" : "s") +
+                  " of its context");
+  std::vector<std::vector<Generation>> answers(docs.size());
+  for_each_request(static_cast<int>(docs.size()), model.request_workers(), [&](int d) {
+    const GenerationDoc& doc = docs[d];
+    const std::string context_text = doc.prompt.substr(0, *doc.question_offset);
+    const std::vector<int> context = model.encode(context_text, bos);
+    TurnsRequest request;
+    int64_t conversation = 0;
+    for (int k = 0; k < turns; ++k) {
+      // A question's tokens start where its prompt stops sharing the context's alone, as
+      // the single-question agnostic protocol splits a prompt (run()'s prepare).
+      const std::vector<int> prompt = model.encode(context_text + doc.turns[k].question, bos);
+      size_t shared = 0;
+      while (shared < context.size() && shared < prompt.size() && context[shared] == prompt[shared]) ++shared;
+      shared = std::max<size_t>(shared, 1);
+      if (k == 0) request.context.assign(prompt.begin(), prompt.begin() + shared);
+      if (!std::equal(request.context.begin(), request.context.end(), prompt.begin(), prompt.begin() + shared) ||
+          shared != request.context.size())
+        throw Error(config.task + " item " + doc.id + ": question " + std::to_string(k + 1) +
+                    " changes the tokens of the context it follows; its questions cannot share one context");
+      request.questions.emplace_back(prompt.begin() + shared, prompt.end());
+      GenerateOptions options;
+      options.max_new_tokens = doc.turns[k].max_new_tokens;
+      options.stop = doc.stop;
+      options.temperature = config.greedy ? 0 : doc.temperature.value_or(config.temperature);
+      options.seed = config.sample_seed + d;
+      request.options.push_back(options);
+      conversation += static_cast<int64_t>(request.questions.back().size()) + options.max_new_tokens;
+    }
+    conversation += static_cast<int64_t>(request.context.size());
+    const int64_t limit = model.arch().max_positions;
+    if (config.shared_context == SharedContext::MultiTurn && conversation > limit)
+      throw Error(config.task + " item " + doc.id + ": its " + std::to_string(turns) + " turns take up to " +
+                  std::to_string(conversation) + " tokens, beyond the model's context of " + std::to_string(limit) +
+                  " tokens (--length " + std::to_string(config.task_options.length) + ")");
+    answers[d] = generate_turns(model, policy, request, config.shared_context);
+  }, [&](int done) { if (progress) progress(done, static_cast<int>(docs.size())); });
+
+  std::vector<std::vector<double>> all_turns(turns), part_turns(turns);
+  std::vector<double> all, part;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    DocOutcome outcome;
+    outcome.id = docs[d].id;
+    outcome.long_context = docs[d];
+    double sum = 0;
+    for (int k = 0; k < turns; ++k) {
+      const Generation& g = answers[d][k];
+      // The multi-turn cache's last counts are the whole conversation's; each request's its own.
+      if (config.shared_context == SharedContext::MultiRequest || k + 1 == turns) usage.add(g.kv);
+      const std::string answer = ruler_postprocess(g.text);
+      const std::vector<std::string>& references = docs[d].turns[k].references;
+      const double score = 100 * string_match_all_fraction(answer, references);
+      all_turns[k].push_back(score);
+      part_turns[k].push_back(100 * string_match_part_fraction(answer, references));
+      all.push_back(score);
+      part.push_back(part_turns[k].back());
+      sum += score;
+      outcome.turn_answers.push_back(g.text);
+      outcome.turn_scores.push_back(score);
+      // Agreement with the full cache: every turn's answer the same.
+      outcome.generated += (k ? "\n" : "") + g.text;
+    }
+    outcome.score = sum / turns;
+    result.docs.push_back(outcome);
+  }
+  result.metrics = {mean_metric("string_match_all", all), mean_metric("string_match_part", part)};
+  for (int k = 0; k < turns; ++k)
+    for (MetricValue metric : {mean_metric("string_match_all", all_turns[k]),
+                               mean_metric("string_match_part", part_turns[k])}) {
+      metric.turn = k + 1;
+      result.metrics.push_back(metric);
+    }
+  if (!docs.empty()) result.haystack = docs.front().haystack;
+  result.n = static_cast<int>(docs.size());
+  (void)task;
+}
+
 EvalResult run(const Model& model, const EvalConfig& config, const Progress& progress) {
   auto started = std::chrono::steady_clock::now();
   auto task = make_task(config.task);
@@ -137,6 +244,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   Usage usage;
 
   check_pipeline(config, task->kind());
+  check_shared_context(config, *task);
   check_long_context(config, *task);
   const int batch = config.batch_size > 0 ? config.batch_size : default_batch_size(model);
   if (task->kind() == TaskKind::MultipleChoice) {
@@ -229,6 +337,12 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     }
     result.metrics = multiple_choice_metrics(docs, predictions, task->metric_names());
     result.n = static_cast<int>(docs.size());
+  } else if (task->kind() == TaskKind::Generation && config.task_options.turns > 0) {
+    if (!policy->realisable())
+      throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
+    const bool bos = config.bos.value_or(true);
+    const auto docs = task->generation_docs_for(model.require_tokenizer(), config.task_options);
+    run_turns(model, *policy, config, *task, docs, bos, progress, result, usage);
   } else if (task->kind() == TaskKind::Generation) {
     if (!policy->realisable())
       throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
@@ -438,6 +552,11 @@ void write_predictions(const EvalResult& result, const EvalConfig& config, const
       j["references"] = doc.references;
       j["prediction"] = d.generated;
       j["score"] = d.score;
+      for (size_t k = 0; k < d.turn_answers.size(); ++k)
+        j["turns"].push_back({{"question", doc.turns.at(k).question},
+                              {"references", doc.turns.at(k).references},
+                              {"prediction", d.turn_answers[k]},
+                              {"score", d.turn_scores[k]}});
     } else {
       j["prediction"] = d.generated;
       j["reference"] = d.reference;

@@ -10,6 +10,7 @@ std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& con
   for (const auto& m : result.metrics) {
     ResultRow row = identity_row(model, config);
     row.metric = m.name;
+    row.turn = m.turn;
     row.value = m.value;
     if (m.name != "ppl") row.stderr_ = m.stderr_;  // exp(mean NLL) has no standard error here
     row.n = m.n;

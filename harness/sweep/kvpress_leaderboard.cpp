@@ -213,6 +213,10 @@ std::vector<LeaderboardRun> leaderboard_runs(const std::string& sweep_dir, std::
       leave_out(cell, "not under prefill-compress, the leaderboard's protocol");
       continue;
     }
+    if (e.task_options.turns > 0) {
+      leave_out(cell, "several questions per context (shared_contexts), which the leaderboard does not ask");
+      continue;
+    }
     const BudgetSpec& budget = e.policy_options.budget;
     const bool full = is_reference_policy(e.policy);
     if (!full && (budget.ratio <= 0 || e.policy_options.kv_quant.memory > 0)) {
