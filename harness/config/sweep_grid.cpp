@@ -78,6 +78,7 @@ const std::vector<std::string>& sweep_config_keys() {
       "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options", "predictions", "note",
       "temperature", "file_order", "slurm", "device", "dtype", "pipelines", "pipeline", "greedy",
       "lengths", "depths", "questions",
+      "turns", "shared_contexts",  // SCBench's shared-context evaluation of the ruler_niah_* tasks
       "analyze",  // "analyze": run by `kvevict analyze --config`
       "kv_quant", "kv_bits", "kv_group", "kv_residual", "kv_memories",
       "batch_size",      // how many sequences run together: not part of a cell's identity
@@ -183,6 +184,25 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
       throw Error(path + ": key \"questions\": " + e.what());
     }
   }
+  // SCBench's shared-context evaluation: questions per context, and the protocols.
+  const int turns = config.contains("turns") ? checked_int(config["turns"], path, "turns", 1, 1000000) : 0;
+  std::vector<SharedContext> shared_contexts;
+  for (const auto& name : axis<std::string>(config, path, "shared_contexts", {})) {
+    try {
+      shared_contexts.push_back(parse_shared_context(name));
+    } catch (const Error& e) {
+      throw Error(path + ": key \"shared_contexts\": " + e.what());
+    }
+  }
+  if ((turns > 0) != !shared_contexts.empty())
+    throw Error(path + ": keys \"turns\" and \"shared_contexts\" go together: the questions asked of each "
+                "context and the protocols (multi-turn, multi-request) that ask them");
+  if (turns > 0 && (std::count(questions.begin(), questions.end(), QuestionMode::Aware) > 0 ||
+                    std::any_of(protocols.begin(), protocols.end(), [](const std::string& protocol) {
+                      return parse_protocol(protocol) != Protocol::PrefillCompress;
+                    })))
+    throw Error(path + ": key \"shared_contexts\" compresses the context once, before any question is seen: it needs "
+                "\"questions\": [\"agnostic\"] and \"protocols\": [\"prefill-compress\"]");
   // A long-context key that no cell would read is refused, not dropped: the grid would run
   // as if it were not there.
   {
@@ -195,7 +215,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     std::string listed;
     for (const auto& task : tasks) listed += (listed.empty() ? "" : ", ") + task;
     if (long_context_tasks.empty())
-      for (const char* key : {"lengths", "depths", "questions"})
+      for (const char* key : {"lengths", "depths", "questions", "turns", "shared_contexts"})
         if (config.contains(key))
           throw Error(path + ": key \"" + key + "\" applies to the long-context tasks (ruler_*, niah); \"tasks\" lists " +
                       listed);
@@ -219,6 +239,7 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     int length = 0;
     std::optional<double> depth;
     QuestionMode question = QuestionMode::Aware;
+    SharedContext shared = SharedContext::None;
   };
   auto long_context_choices = [&](const std::string& task) {
     const auto made = make_task(task);
@@ -228,11 +249,13 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
     std::vector<LongContextChoice> choices;
     for (int length : lengths)
       for (size_t d = 0; d < (made->needle_depth() ? depths.size() : 1); ++d)
-        for (QuestionMode question : questions) {
-          LongContextChoice c{length, std::nullopt, question};
-          if (made->needle_depth()) c.depth = depths[d];
-          choices.push_back(c);
-        }
+        for (QuestionMode question : questions)
+          for (size_t s = 0; s < std::max<size_t>(shared_contexts.size(), 1); ++s) {
+            LongContextChoice c{length, std::nullopt, question};
+            if (made->needle_depth()) c.depth = depths[d];
+            if (!shared_contexts.empty()) c.shared = shared_contexts[s];
+            choices.push_back(c);
+          }
     return choices;
   };
   // Cells the H2O pipeline cannot run are refused here, naming the key, rather than each
@@ -400,6 +423,10 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.task_options.length = lc.length;
                 e.task_options.depth = lc.depth;
                 e.question = lc.question;
+                if (lc.shared != SharedContext::None) {
+                  e.task_options.turns = turns;
+                  e.shared_context = lc.shared;
+                }
                 e.policy = policy;
                 e.policy_options = base_options;
                 set_run_seed(e.policy_options.params, made->parameters(), seed);
