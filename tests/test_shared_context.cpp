@@ -168,6 +168,35 @@ TEST_CASE("multi-turn: turn 1 is the single run; later turns continue the same c
   }
 }
 
+TEST_CASE("multi-turn under a budget above the conversation holds every earlier question and answer",
+          "[shared-context]") {
+  auto model = Model::load(test::data("models/tiny-random-llama-gqa"), test::model_options());
+  const TurnsRequest request = shared_context_request(static_cast<int>(model->arch().vocab));
+  const int layers = static_cast<int>(model->arch().n_layers);
+  for (const std::string name : {"h2o", "snapkv"}) {
+    INFO("policy " << name);
+    auto policy = make_policy(name, shared_context_budget(name, 100));  // the conversation is under 80 tokens
+    std::vector<std::vector<std::vector<int>>> held;  // [turn][KV head of every layer]: positions
+    const auto turns = generate_turns(*model, *policy, request, SharedContext::MultiTurn,
+                                      [&](int, const GenerationStream& stream) {
+                                        held.emplace_back();
+                                        for (int l = 0; l < layers; ++l)
+                                          for (const auto& head : stream.cache().kept_positions(l))
+                                            held.back().push_back(head);
+                                      });
+    REQUIRE(held.size() == 3);
+    for (size_t k = 0; k < turns.size(); ++k) {
+      INFO("turn " << k + 1);
+      // Positions 0 .. ran-1, every one: the context, each earlier question and answer
+      // (the answer's last token fed before the next question), this turn's question and
+      // answer so far.
+      std::vector<int> all(shared_context_ran(request, turns, k));
+      for (size_t p = 0; p < all.size(); ++p) all[p] = static_cast<int>(p);
+      for (const auto& head : held[k]) CHECK(head == all);
+    }
+  }
+}
+
 TEST_CASE("multi-turn's later turns see the earlier turns: they differ from multi-request's", "[shared-context]") {
   // On the full cache the second turn's answer comes from context + q1 + a1 + q2 in one
   // cache against context + q2 alone: at least one later turn differs, or the earlier
