@@ -151,8 +151,7 @@ void check_shared_context(const EvalConfig& config, const Task& task) {
 
 // Each document's turns under config.shared_context (generate_turns), one document at a
 // time per request worker: RULER's string match per turn, and over every turn.
-void run_turns(const Model& model, const Policy& policy, const EvalConfig& config, const Task& task,
-               const std::vector<GenerationDoc>& docs, bool bos, const Progress& progress, EvalResult& result,
+void run_turns(const Model& model, const Policy& policy, const EvalConfig& config, const std::vector<GenerationDoc>& docs, bool bos, const Progress& progress, EvalResult& result,
                Usage& usage) {
   const int turns = config.task_options.turns;
   for (const GenerationDoc& doc : docs)
@@ -233,7 +232,6 @@ void run_turns(const Model& model, const Policy& policy, const EvalConfig& confi
     }
   if (!docs.empty()) result.haystack = docs.front().haystack;
   result.n = static_cast<int>(docs.size());
-  (void)task;
 }
 
 EvalResult run(const Model& model, const EvalConfig& config, const Progress& progress) {
@@ -342,7 +340,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");
     const bool bos = config.bos.value_or(true);
     const auto docs = task->generation_docs_for(model.require_tokenizer(), config.task_options);
-    run_turns(model, *policy, config, *task, docs, bos, progress, result, usage);
+    run_turns(model, *policy, config, docs, bos, progress, result, usage);
   } else if (task->kind() == TaskKind::Generation) {
     if (!policy->realisable())
       throw Error("policy " + policy->name() + " is sim-only; generation needs a real cache");

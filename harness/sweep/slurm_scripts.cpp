@@ -65,7 +65,11 @@ std::string table_row_key(const SweepPlan& plan) {
     if (!std::count(figure.begin(), figure.end(), column) && !std::count(line.begin(), line.end(), column) &&
         values[column].size() > 1)
       key.push_back(column);
-  for (const auto& column : result_columns(ColumnRole::metric)) key.push_back(column);
+  // A shared-context sweep's rows per turn (the turn column is empty in every other row).
+  const bool turns = std::any_of(plan.cells.begin(), plan.cells.end(),
+                                 [](const SweepCell& cell) { return cell.eval.task_options.turns > 0; });
+  for (const auto& column : result_columns(ColumnRole::metric))
+    if (column != "turn" || turns) key.push_back(column);
   std::string text;
   for (const auto& column : key) text += (text.empty() ? "" : ",") + column;
   return text;
