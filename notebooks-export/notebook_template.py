@@ -32,6 +32,10 @@ df = pd.read_csv(io.StringIO("\n".join(CSV_RECORDS) + "\n"), dtype=str, keep_def
 for column in df.columns:
     if column not in TEXT_COLUMNS:
         df[column] = pd.to_numeric(df[column].mask(df[column] == ""))
+# A shared-context evaluation's per-turn rows sit beside its overall row (turn empty),
+# which the figures draw.
+if "turn" in df.columns:
+    df = df[df["turn"].isna()]
 
 df.groupby(["task", "metric", "policy"], sort=False).size().rename("rows").to_frame()
 

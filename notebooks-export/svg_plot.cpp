@@ -42,6 +42,9 @@ std::vector<TaskMetricGroup> group_by_task_and_metric(const std::vector<ResultRo
   std::vector<TaskMetricGroup> groups;
   std::map<std::pair<std::string, std::string>, std::size_t> index;
   for (const auto& row : rows) {
+    // A shared-context evaluation's per-turn rows sit beside its overall row (turn empty),
+    // which the figures draw; the per-turn values are a table's (`table --cols turn`).
+    if (row.turn) continue;
     auto key = std::make_pair(row.task, row.metric);
     auto found = index.find(key);
     if (found == index.end()) {
