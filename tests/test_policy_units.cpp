@@ -87,8 +87,8 @@ TEST_CASE("every registered policy is covered by the unit tests", "[policies][un
   // reviewed (and README's list of policies with it).
   const std::vector<std::string> reviewed = {"full",     "local",     "random",       "h2o",   "h2o-paper",
                                              "h2o-global", "streamingllm", "tova", "snapkv", "pyramidkv",
-                                             "scissorhands", "knorm", "keydiff", "lagkv", "sparse-strided",
-                                             "sparse-fixed"};
+                                             "scissorhands", "knorm", "keydiff", "lagkv", "expected-attention",
+                                             "sparse-strided", "sparse-fixed"};
   CHECK(policy_names() == reviewed);
   std::set<std::string> keys;
   for (const ParamSpec* p : all_policy_params()) {
