@@ -26,7 +26,13 @@
 // by -p (R(p)^-1 = R(-p)), with the model's own frequencies (SequenceShape::rope_inv_freq,
 // rotate-half pairs (i, i + r/2) for i < r/2, dims from r on not rotated). A model
 // without RoPE (OPT's learned positions) has no rotation: R is the identity. Keys are the
-// post-RoPE keys the cache holds, as kvpress scores them.
+// post-RoPE keys the cache holds, as kvpress scores them. (Dynamic-NTK rope_scaling: the
+// frequencies are those of a pass of the sequence's length, exact within the trained
+// context; beyond it a decode step's rotation differs from them, and the rotated-back
+// query is approximate.)
+//
+// ada+expected-attention is kvpress's AdaKVPress over this press: the same per-head
+// scores, ranked across the layer's heads with each head's safeguard (policies/ada_kv.h).
 //
 // Decode mode (and sim mode, which drives the same states): every step after the prefill
 // compresses, each time with the statistics of the queries so far and the future window
