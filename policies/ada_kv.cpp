@@ -101,9 +101,9 @@ class AdaLayer {
 // One KV head: its slots and the inner policy's per-slot state; the layer decides.
 class AdaHeadState : public LayerState {
  public:
-  AdaHeadState(const ScoredPolicy& inner, int layer, int kv_head, int group, GroupReduce reduce, int head_dim,
+  AdaHeadState(const ScoredPolicy& inner, int layer, int kv_head, const SequenceShape& shape, GroupReduce reduce,
                std::shared_ptr<AdaLayer> decision)
-      : head_(inner, layer, kv_head, group, reduce, head_dim), kv_head_(kv_head), decision_(std::move(decision)) {
+      : head_(inner, layer, kv_head, shape, reduce), kv_head_(kv_head), decision_(std::move(decision)) {
     decision_->attach(kv_head, &head_.slots);
   }
 
@@ -147,7 +147,7 @@ class AdaKVPolicy : public WrapperPolicy<RealisablePolicy> {
     const GroupReduce reduce = parse_group_reduce(options_.params.text(kGroupReduce));
     for (int h = 0; h < shape.n_kv_heads; ++h)
       states.heads.push_back(
-          std::make_unique<AdaHeadState>(scored_, layer, h, shape.group(), reduce, shape.head_dim, decision));
+          std::make_unique<AdaHeadState>(scored_, layer, h, shape, reduce, decision));
     return states;
   }
 };

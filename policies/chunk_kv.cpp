@@ -14,6 +14,7 @@ class ChunkKVPolicy : public WrapperPolicy<ScoredPolicy> {
       : WrapperPolicy(std::move(inner), scored, options, kChunkPrefix, kChunkLength) {}
 
   int channels(int head_dim) const override { return scored_.channels(head_dim); }
+  void on_create(HeadSlots& head, const SequenceShape& shape) const override { scored_.on_create(head, shape); }
   void on_append(HeadSlots& head, float* slot, int position, const NewToken& token) const override {
     scored_.on_append(head, slot, position, token);
   }

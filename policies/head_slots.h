@@ -17,6 +17,9 @@ struct HeadSlots {
   int layer = 0;
   int kv_head = 0;
   int steps = 0;  // queries observed so far
+  // What a policy keeps of the head as a whole rather than per slot (ScoredPolicy::
+  // on_create); evictions leave it alone.
+  std::vector<double> head_state;
 
   int size() const { return static_cast<int>(positions.size()); }
   // Appends a slot with zeroed channels; returns them.

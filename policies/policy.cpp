@@ -110,9 +110,9 @@ namespace {
 // by the layer's heads, the scores come from the layer's SharedScores.
 class ScoredHeadState : public LayerState {
  public:
-  ScoredHeadState(const ScoredPolicy& policy, int layer, int kv_head, Budget budget, int group, GroupReduce reduce,
-                  int head_dim, std::shared_ptr<SharedScores> shared)
-      : policy_(policy), head_(policy, layer, kv_head, group, reduce, head_dim), budget_(budget),
+  ScoredHeadState(const ScoredPolicy& policy, int layer, int kv_head, Budget budget, const SequenceShape& shape,
+                  GroupReduce reduce, std::shared_ptr<SharedScores> shared)
+      : policy_(policy), head_(policy, layer, kv_head, shape, reduce), budget_(budget),
         shared_(std::move(shared)) {
     if (shared_) shared_->attach(kv_head, &head_.slots);
   }
@@ -186,7 +186,7 @@ LayerStates ScoredPolicy::make_layer_states(int layer, const SequenceShape& shap
   const GroupReduce reduce = group_reduce();
   for (int h = 0; h < shape.n_kv_heads; ++h)
     states.heads.push_back(
-        std::make_unique<ScoredHeadState>(*this, layer, h, budget, shape.group(), reduce, shape.head_dim, shared));
+        std::make_unique<ScoredHeadState>(*this, layer, h, budget, shape, reduce, shared));
   return states;
 }
 

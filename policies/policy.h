@@ -31,21 +31,26 @@ struct PolicyOptions {
 extern const ParamSpec kGroupReduce;
 // Attention-sink tokens a policy always keeps (streamingllm, lagkv).
 inline const ParamSpec kSink =
-    ParamSpec::integer("n_sink", 4, "streamingllm/lagkv: attention-sink tokens always kept").at_least(0);
+    ParamSpec::integer("n_sink", 4, "streamingllm/lagkv/expected-attention: attention-sink tokens always kept").at_least(0);
 
 // What a policy may read of a token as it enters a KV head's cache (LayerState::append):
 // its key's L2 norm always, and its key and value vectors (float32, head_dim each; the
 // key after RoPE, as the cache stores it, before any KIVI quantization, as the norm is)
-// only for a policy whose token_vectors() asks; otherwise they are null.
+// only for a policy whose token_vectors() asks; otherwise they are null. Likewise the
+// queries of the KV head's query group at the token's position ([group][head_dim]
+// float32, after RoPE, as the model computed them), only for TokenVectors::
+// KeysValuesAndQueries.
 struct NewToken {
   float key_norm = 0;
   const float* key = nullptr;
   const float* value = nullptr;
+  const float* queries = nullptr;
 };
 
 // Which vectors of each new token a policy reads (RealisablePolicy::token_vectors): the
-// harness copies them to the host for such a policy alone.
-enum class TokenVectors { None, Keys, KeysAndValues };
+// harness copies them to the host for such a policy alone. Ordered: each kind reads
+// what the one before it reads.
+enum class TokenVectors { None, Keys, KeysAndValues, KeysValuesAndQueries };
 
 // What the policy is applied to.
 struct SequenceShape {
@@ -58,6 +63,11 @@ struct SequenceShape {
   int n_q_heads = 1;
   int n_kv_heads = 1;
   int head_dim = 0;     // what a byte budget (--kv-memory) counts per token; 0: unknown
+  // The model's RoPE inverse frequencies (after its rope_scaling), one per rotated pair
+  // of a head's dims, rotate-half layout: dim i pairs with dim i + rotary_dim / 2 for
+  // i < rotary_dim / 2 = the size; the dims from rotary_dim on do not rotate. Empty: the
+  // model has no RoPE (OPT's learned positions), or the shape is not a model's.
+  std::vector<double> rope_inv_freq;
   int group() const { return n_q_heads / n_kv_heads; }
 };
 
@@ -270,6 +280,9 @@ class ScoredPolicy : public RealisablePolicy {
   // Floats of state per slot; head_dim is the model's (a policy that keeps each key, as
   // token_vectors() asks, keeps head_dim floats of it).
   virtual int channels(int head_dim) const { return 1; }
+  // Initialises a KV head's own state (head.head_state, not per slot) for a sequence of
+  // `shape`, when its states are made.
+  virtual void on_create(HeadSlots& head, const SequenceShape& shape) const {}
   // Initialises a newly appended slot's channels (already zeroed).
   virtual void on_append(HeadSlots& head, float* slot_values, int position, const NewToken& token) const {}
   // attention: the newest query's attention over the head's slots, aggregated over

@@ -11,11 +11,12 @@ namespace kvevict {
 
 class ScoredSlots {
  public:
-  ScoredSlots(const ScoredPolicy& policy, int layer, int kv_head, int group, GroupReduce reduce, int head_dim)
-      : policy_(policy), group_(group), reduce_(reduce) {
-    slots.channels = policy.channels(head_dim);
+  ScoredSlots(const ScoredPolicy& policy, int layer, int kv_head, const SequenceShape& shape, GroupReduce reduce)
+      : policy_(policy), group_(shape.group()), reduce_(reduce) {
+    slots.channels = policy.channels(shape.head_dim);
     slots.layer = layer;
     slots.kv_head = kv_head;
+    policy.on_create(slots, shape);
   }
 
   void append(int position, const NewToken& token) {

@@ -85,11 +85,12 @@ inline LayerTrace drive_layer_tokens(LayerStates& states, const SequenceShape& s
 }
 
 // The same with the keys' norms alone given; a policy that reads the vectors gets made-up
-// ones of shape.head_dim floats, a fixed function of (kv, position), the key of that norm.
+// ones of shape.head_dim floats, a fixed function of (kv, position), the key of that norm
+// (and its query group's made-up queries, [group][head_dim]).
 inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
                                      const KeyNormFn& key_norm, bool head_major = false) {
-  const int d = shape.head_dim;
-  std::vector<float> key(d), value(d);
+  const int d = shape.head_dim, group = shape.group();
+  std::vector<float> key(d), value(d), queries(static_cast<size_t>(group) * d);
   return drive_layer_tokens(
       states, shape, attention,
       [&](int kv, int position) {
@@ -101,7 +102,11 @@ inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& s
           squares += static_cast<double>(key[c]) * key[c];
         }
         for (int c = 0; c < d; ++c) key[c] = static_cast<float>(key[c] * norm / std::sqrt(squares));
-        return NewToken{norm, d > 0 ? key.data() : nullptr, d > 0 ? value.data() : nullptr};
+        for (int j = 0; j < group; ++j)
+          for (int c = 0; c < d; ++c)
+            queries[j * d + c] = static_cast<float>(std::cos(0.7 * position + 1.9 * c + 1.1 * (kv * group + j)));
+        return NewToken{norm, d > 0 ? key.data() : nullptr, d > 0 ? value.data() : nullptr,
+                        d > 0 ? queries.data() : nullptr};
       },
       head_major);
 }

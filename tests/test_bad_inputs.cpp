@@ -397,6 +397,10 @@ std::vector<Case> cases() {
   cli_case("--heavy-share 2", gen + "--policy h2o --budget 0.5 --heavy-share 2", "--heavy-share");
   cli_case("--window 0", gen + "--policy snapkv --budget 0.5 --window 0", "--window");
   cli_case("--summary -1", gen + "--policy sparse-fixed --budget 0.5 --summary -1", "--summary");
+  cli_case("--n-future-positions 0", gen + "--policy expected-attention --budget 0.5 --n-future-positions 0",
+           "--n-future-positions");
+  cli_case("--use-covariance yes", gen + "--policy expected-attention --budget 0.5 --use-covariance yes", "--use-covariance");
+  cli_case("--epsilon -1", gen + "--policy expected-attention --budget 0.5 --epsilon -1", "--epsilon");
   cli_case("unknown policy", gen + "--policy lru --budget 0.5", "lru");
   // KIVI (harness/common/kv_quant.h); stories260K's head_dim is 8.
   cli_case("--kv-bits 3", gen + "--kv-quant kivi --kv-bits 3", "--kv-bits");
@@ -1205,7 +1209,7 @@ std::vector<Case> cases() {
 
 TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
   const auto all = cases();
-  REQUIRE(all.size() >= 295);  // the table's size today: a case lost is a failure
+  REQUIRE(all.size() >= 298);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.

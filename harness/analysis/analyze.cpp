@@ -99,6 +99,12 @@ PowerLawFit fit_power_law(const std::vector<double>& sorted) {
   return fit;
 }
 
+// Whether a policy's recall runs beside full attention: a realisable policy that reads no
+// queries (the observer hands the recall each block's keys and values, not its queries).
+bool recall_runs(const Policy& policy) {
+  return policy.realisable() && policy.as_realisable()->token_vectors() != TokenVectors::KeysValuesAndQueries;
+}
+
 // One recall policy at one budget: its driver per layer, run beside full attention.
 struct RecallRun {
   std::string policy;
@@ -120,7 +126,7 @@ class SequenceAnalyzer {
         PolicyOptions o = options_.policy_options;
         o.budget.ratio = budget;
         RecallRun run{name, budget, make_policy(name, o), nullptr};
-        if (!run.made->realisable()) continue;  // noted once by analyze_attention
+        if (!recall_runs(*run.made)) continue;  // noted once by analyze_attention
         run.made->validate(shape);
         runs_.push_back(std::move(run));
       }
@@ -151,7 +157,7 @@ class SequenceAnalyzer {
     // The vectors the most demanding recall policy reads; the others ignore them.
     TokenVectors vectors = TokenVectors::None;
     for (const auto& run : runs_) vectors = std::max(vectors, run.made->as_realisable()->token_vectors());
-    tokens_ = std::make_unique<HostTokens>(vectors, k, v);
+    tokens_ = std::make_unique<HostTokens>(vectors, k, v, torch::Tensor());
     if (static_cast<int>(out_.layers.size()) <= layer) out_.layers.resize(layer + 1);
     auto& stats = out_.layers[layer];
     if (stats.heads.size() < static_cast<size_t>(hq_)) stats.heads.resize(hq_);
@@ -385,6 +391,9 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
     const auto policy = make_policy(name, o);
     if (!policy->realisable())
       out.notes.push_back(name + ": sim-only (it needs " + policy->as_sim_only()->needs() + "), no recall");
+    else if (!recall_runs(*policy))
+      out.notes.push_back(name + ": reads each token's queries, which the recall's attention observer does not "
+                          "hand over, no recall");
   }
   size_t longest = 0;
   for (size_t s = 0; s < sequences.size(); ++s)

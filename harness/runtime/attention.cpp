@@ -295,7 +295,7 @@ class KiviLayerCache final : public QuantizedLayerCache {
     const auto keys_at = keys.to(q.device()), values_at = values.to(q.device());
     torch::Tensor out;
     if (driver_) {
-      const HostTokens tokens(driver_->token_vectors(), k, v);
+      const HostTokens tokens(driver_->token_vectors(), k, v, q);
       out = causal_attention_blocks(q, keys_at, values_at, n_prev,
                                     [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
                                       return drive_block(*driver_, logits, start + r0, rows, cols,
@@ -493,11 +493,13 @@ std::unique_ptr<QuantizedLayerCache> make_quantized_layer_cache(const Policy& po
   return std::make_unique<KiviLayerCache<float>>(policy, layer, shape, sliding_window, acc, head_dim);
 }
 
-HostTokens::HostTokens(TokenVectors vectors, const torch::Tensor& k, const torch::Tensor& v)
+HostTokens::HostTokens(TokenVectors vectors, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& q)
     : key_norms(key_norms_of(k)) {
   if (vectors == TokenVectors::None) return;
   keys = k.to(torch::kCPU, torch::kFloat32).contiguous();
-  if (vectors == TokenVectors::KeysAndValues) values = v.to(torch::kCPU, torch::kFloat32).contiguous();
+  if (vectors >= TokenVectors::KeysAndValues) values = v.to(torch::kCPU, torch::kFloat32).contiguous();
+  // [t, Hq, d] is [t][Hkv][group][d]: query head h belongs to KV head h / group.
+  if (vectors == TokenVectors::KeysValuesAndQueries) queries = q.to(torch::kCPU, torch::kFloat32).contiguous();
 }
 
 BlockTokens HostTokens::block() const {
@@ -507,6 +509,10 @@ BlockTokens HostTokens::block() const {
     tokens.head_dim = static_cast<int>(keys.size(2));
   }
   if (values.defined()) tokens.values = values.data_ptr<float>();
+  if (queries.defined()) {
+    tokens.queries = queries.data_ptr<float>();
+    tokens.group = static_cast<int>(queries.size(1) / keys.size(1));
+  }
   return tokens;
 }
 
@@ -577,7 +583,7 @@ torch::Tensor SimAttention::attend_merged(int layer, const torch::Tensor& q, con
   if (!policy_.keeps_everything()) {
     auto driver = make_dmc_driver(policy_, layer, shape_);
     driver->start_block(0);
-    const HostTokens tokens(driver->token_vectors(), k, v);
+    const HostTokens tokens(driver->token_vectors(), k, v, q);
     auto out = dmc_policy_attention(q, per_head(k), per_head(v), merges, *driver, 0, tokens.block());
     add_full_precision_peak(stats_, record_driver_stats(stats_, layer, *driver, 2 * d * element_bytes(k)));
     stats_.dmc_merge_rate[layer] = dmc_->merge_rate(layer);
@@ -616,7 +622,7 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
     if (auto on_device = DeviceScoredLayer::make(policy_, layer, shape_, sliding_window_))
       return simulate_on_device(*on_device, layer, q, k, v);
   PolicyDriver driver(*policy_.as_realisable(), layer, shape_, sliding_window_, SlotColumns::Positions);
-  const HostTokens tokens(driver.token_vectors(), k, v);
+  const HostTokens tokens(driver.token_vectors(), k, v, q);
   const int n_kv = static_cast<int>(k.size(1));
   auto out = causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0,
                                      [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
@@ -833,7 +839,7 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
   std::vector<std::vector<int64_t>> kept(n_kv);  // per head: the rows it keeps, in slot order
   if (cache.driver) {
     cache.driver->start_block(start);
-    const HostTokens tokens(cache.driver->token_vectors(), k, v);
+    const HostTokens tokens(cache.driver->token_vectors(), k, v, q);
     out = dmc_policy_attention(q, cache.dmc_keys, cache.dmc_values, merges, *cache.driver, start, tokens.block());
     for (int64_t h = 0; h < n_kv; ++h) {
       const std::vector<int>& columns = cache.driver->columns(static_cast<int>(h));
@@ -913,7 +919,7 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
       cache.value_buffer.select(0, h).narrow(0, driver.slots(h), t).copy_(new_values.select(0, h));
     }
   }
-  const HostTokens tokens(driver.token_vectors(), k, v);
+  const HostTokens tokens(driver.token_vectors(), k, v, q);
   auto out = cache_rows_attention(q, cache.key_buffer, cache.value_buffer, n,
                                   [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t cols) {
                                     return drive_block(driver, logits, start + r0, rows, cols,

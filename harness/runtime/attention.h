@@ -49,12 +49,13 @@ using AttentionObserver =
     std::function<void(int layer, int64_t first, int64_t rows, int64_t n, const torch::Tensor& k,
                        const torch::Tensor& v, const torch::Tensor& logits, const torch::Tensor& probs)>;
 
-// New tokens k, v [t, Hkv, d] on the host as a policy driver hands them to its policy
-// (BlockTokens): the key norms [t, Hkv] as float32, and the keys and values as float32
-// only when the policy reads them (`vectors`: PolicyDriver::token_vectors).
+// New tokens k, v [t, Hkv, d] (and their queries q [t, Hq, d], after RoPE) on the host as
+// a policy driver hands them to its policy (BlockTokens): the key norms [t, Hkv] as
+// float32, and the keys, values and queries as float32 only when the policy reads them
+// (`vectors`: PolicyDriver::token_vectors).
 struct HostTokens {
-  HostTokens(TokenVectors vectors, const torch::Tensor& k, const torch::Tensor& v);
-  torch::Tensor key_norms, keys, values;
+  HostTokens(TokenVectors vectors, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& q);
+  torch::Tensor key_norms, keys, values, queries;
   BlockTokens block() const;
 };
 

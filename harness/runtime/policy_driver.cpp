@@ -55,6 +55,7 @@ BlockTokens BlockTokens::from_row(int64_t row, int n_kv) const {
   rest.key_norms += row * n_kv;
   if (keys) rest.keys += row * n_kv * head_dim;
   if (values) rest.values += row * n_kv * head_dim;
+  if (queries) rest.queries += row * n_kv * group * head_dim;
   return rest;
 }
 
@@ -64,6 +65,7 @@ NewToken BlockTokens::token(int64_t r, int n_kv, int kv) const {
   token.key_norm = key_norms[at];
   if (keys) token.key = keys + at * head_dim;
   if (values) token.value = values + at * head_dim;
+  if (queries) token.queries = queries + at * group * head_dim;
   return token;
 }
 
@@ -221,9 +223,12 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
                          char* visible_out, const uint8_t* merges) {
   const int n_kv = static_cast<int>(heads_.size());
   if (merges && columns_ != SlotColumns::Versions) throw Error("the policy driver merges slots only over Versions columns");
-  const bool needs_keys = vectors_ != TokenVectors::None, needs_values = vectors_ == TokenVectors::KeysAndValues;
-  if ((needs_keys && (!tokens.keys || tokens.head_dim != head_dim_)) || (needs_values && !tokens.values))
-    throw Error("internal: the policy reads each new token's key" + std::string(needs_values ? " and value" : "") +
+  const bool needs_keys = vectors_ != TokenVectors::None, needs_values = vectors_ >= TokenVectors::KeysAndValues,
+             needs_queries = vectors_ == TokenVectors::KeysValuesAndQueries;
+  if ((needs_keys && (!tokens.keys || tokens.head_dim != head_dim_)) || (needs_values && !tokens.values) ||
+      (needs_queries && (!tokens.queries || tokens.group != group_)))
+    throw Error("internal: the policy reads each new token's key" +
+                std::string(needs_queries ? ", value and query" : needs_values ? " and value" : "") +
                 " vectors of head_dim " + std::to_string(head_dim_) + ", which its caller did not give");
   for (Head& head : heads_) head.row_slots.assign(rows, 0);
   auto merged = [&](int64_t r, int64_t kv) { return merges && merges[r * n_kv + kv]; };

@@ -38,14 +38,18 @@ enum class SlotColumns {
 };
 
 // A block's new tokens as the driver hands them to the policy (NewToken), row by row and
-// KV head by KV head: the key norms always, the keys and values only for a policy whose
-// token_vectors() asks (the caller copies them to the host for that policy alone).
+// KV head by KV head: the key norms always, the keys, values and queries only for a
+// policy whose token_vectors() asks (the caller copies them to the host for that policy alone).
 struct BlockTokens {
   BlockTokens(const float* key_norms) : key_norms(key_norms) {}  // norms alone: most policies
   const float* key_norms;         // [rows][n_kv]
   const float* keys = nullptr;    // [rows][n_kv][head_dim], float32, after RoPE as cached
   const float* values = nullptr;  // [rows][n_kv][head_dim], float32
+  // [rows][n_kv][group][head_dim], float32, after RoPE: query head h is row h of [rows][n_q]
+  // (KV head h / group), as the model's q [t, Hq, d] holds them.
+  const float* queries = nullptr;
   int head_dim = 0;
+  int group = 1;  // query heads per KV head (with queries)
   // The same block from its row `row` on.
   BlockTokens from_row(int64_t row, int n_kv) const;
   // What KV head kv's policy reads of row r's token.

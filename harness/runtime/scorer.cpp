@@ -8,6 +8,7 @@
 #include "harness/common/enum_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/limits.h"
+#include "harness/model/rope.h"
 #include "harness/runtime/attention.h"
 
 namespace kvevict {
@@ -27,6 +28,14 @@ SequenceShape shape_for(const Model& model, int length, int prefill_len) {
   shape.n_q_heads = static_cast<int>(model.arch().n_heads);
   shape.n_kv_heads = static_cast<int>(model.arch().n_kv_heads);
   shape.head_dim = static_cast<int>(model.arch().head_dim);
+  // The frequencies the model rotates this sequence's queries and keys by (dynamic NTK's
+  // are those of a pass of `length` tokens; within the trained context, its only ones),
+  // in the table type the model computes them in.
+  if (model.arch().positions == PositionKind::Rotary) {
+    const auto table = model.dtype() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    const auto inv_freq = rope_inv_freq(model.arch(), std::max(length, 1), table).to(torch::kFloat64).contiguous();
+    shape.rope_inv_freq.assign(inv_freq.data_ptr<double>(), inv_freq.data_ptr<double>() + inv_freq.numel());
+  }
   return shape;
 }
 
