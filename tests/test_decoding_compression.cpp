@@ -13,6 +13,7 @@
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
 #include "harness/runtime/device_policy.h"
+#include "harness/runtime/policy_driver.h"
 #include "harness/runtime/scorer.h"
 #include "policies/registry.h"
 #include "tests/compare.h"
@@ -184,6 +185,34 @@ TEST_CASE("block+h2o compresses the prefill to the budget after each block of bl
   const auto whole = decoding_drive(*make_policy("h2o", o), shape);
   CHECK(decoding_sizes(whole)[10] == 11);
   CHECK(whole.positions[11][0] != trace.positions[11][0]);
+}
+
+TEST_CASE("the policy driver compresses block+'s prefill after each block, and refuses a call that a block end cuts",
+          "[policies][block]") {
+  // The driver's own schedule (the model-free cases above use policy_drive.h's copy of it).
+  const SequenceShape shape = test::sequence_shape(16, 12);
+  PolicyOptions o;
+  o.budget.tokens = 5;
+  o.params.set("block_size", 4);
+  auto policy = make_policy("block+h2o", o);
+  for (SlotColumns columns : {SlotColumns::Positions, SlotColumns::CacheRows}) {
+    PolicyDriver driver(*policy->as_realisable(), 0, shape, 0, columns);
+    std::vector<int> sizes;
+    const std::vector<float> norms(1, 1.0f);
+    for (int i = 0; i < shape.length; ++i) {
+      const int n = columns == SlotColumns::Positions ? i + 1 : driver.slots(0) + 1;
+      std::vector<float> logits(n, 0.0f);
+      driver.rows(i, 1, n, logits.data(), norms.data());
+      driver.take_moves();
+      sizes.push_back(driver.slots(0));
+    }
+    CHECK(sizes == std::vector<int>{1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 8, 5, 5, 5, 5, 5});
+  }
+  // Rows 2..5 of the cache in one call would cross the compression after position 3.
+  PolicyDriver driver(*policy->as_realisable(), 0, shape, 0, SlotColumns::CacheRows);
+  std::vector<float> logits(4 * 6, 0.0f), norms(4, 1.0f);
+  CHECK_THAT(test::error_of([&] { driver.rows(2, 4, 6, logits.data(), norms.data()); }),
+             Catch::Contains("runs past position 3"));
 }
 
 TEST_CASE("decoding+ and block+ hold the target and the budget at every step, layer and head",
