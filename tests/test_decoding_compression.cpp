@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "harness/common/errors.h"
+#include "harness/config/sweep_grid.h"
+#include "harness/eval/evaluator.h"
 #include "harness/model/model.h"
 #include "harness/runtime/device_policy.h"
 #include "harness/runtime/policy_driver.h"
@@ -333,4 +335,40 @@ TEST_CASE("block+h2o generates with the prefill in blocks: the cache never holds
   for (int most : blocks.kv.max_per_layer) CHECK(most <= 12 + 10);
   for (int most : whole.kv.max_per_layer) CHECK(most == 60);
   CHECK(blocks.tokens.size() == 5);
+  // In a batch beside other prompts (their blocks interleaved), each generation is its own.
+  o.params.set("block_size", 10);
+  auto policy = make_policy("block+h2o", o);
+  const std::vector<std::vector<int>> prompts = {prompt, std::vector<int>(tokens.begin() + 20, tokens.begin() + 95),
+                                                 std::vector<int>(tokens.begin(), tokens.begin() + 33)};
+  const auto batch = generate_batch(test::stories(), *policy, prompts, std::vector<GenerateOptions>(3, g), 3);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(batch[i].tokens == generate(test::stories(), *policy, prompts[i], g).tokens);
+    CHECK(batch[i].kv.max_per_layer == generate(test::stories(), *policy, prompts[i], g).kv.max_per_layer);
+  }
+  CHECK(batch[0].tokens == blocks.tokens);
+}
+
+TEST_CASE("max_new_tokens sets the generation tasks' length, in a sweep and in an evaluation", "[decoding][eval]") {
+  const nlohmann::json config = nlohmann::json::parse(R"({
+    "tasks": ["xsum"], "policies": ["decoding+h2o"], "budget_tokens": [512], "max_new_tokens": 7, "limit": 1})");
+  const SweepPlan plan = expand_sweep(config, "cfg.json", test::data(""));
+  REQUIRE(plan.cells.size() == 1);
+  CHECK(plan.cells[0].eval.max_new_tokens == 7);
+  CHECK_THAT(test::error_of([&] {
+               expand_sweep(nlohmann::json::parse(R"({"tasks": ["xsum"], "max_new_tokens": 0})"), "cfg.json", "");
+             }),
+             Catch::Contains("max_new_tokens"));
+  // The evaluation reads it: 600 new tokens leave stories260K's 512-token context no room
+  // for the prompt, the task's own 64 do.
+  EvalConfig e;
+  e.task = "xsum";
+  e.task_options.data_dir = test::data("");
+  e.task_options.limit = 1;
+  e.mode = Mode::Decode;
+  e.compare_with_full = false;
+  e.max_new_tokens = 600;
+  CHECK_THAT(test::error_of([&] { evaluate(test::stories(), e); }), Catch::Contains("leaves no room for the prompt"));
+  e.max_new_tokens = 0;
+  CHECK(evaluate(test::stories(), e).n == 1);
 }
