@@ -217,6 +217,11 @@ class RealisablePolicy : public Policy {
   // The vectors its states read of each new token (NewToken); the shape's head_dim is
   // then that of the model.
   virtual TokenVectors token_vectors() const { return TokenVectors::None; }
+  // Block prefill (block+POLICY): the prefill enters in blocks of this many tokens and the
+  // driver lets the states compress after each block's last token, not only after the
+  // prefill's; the decode cache then feeds the prefill in those blocks. 0: the prefill is
+  // one block, compressed at its end.
+  virtual int prefill_block() const { return 0; }
 };
 
 // A causal sim-only policy's pass over one layer, fed the logits a block of query rows at

@@ -2,7 +2,9 @@
 
 #include "harness/common/errors.h"
 #include "policies/ada_kv.h"
+#include "policies/block_prefill.h"
 #include "policies/chunk_kv.h"
+#include "policies/decoding_compression.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {
@@ -26,9 +28,12 @@ const Entry kPolicies[] = {
 struct Wrapper {
   const char* prefix;
   std::unique_ptr<Policy> (*wrap)(std::unique_ptr<Policy>, const PolicyOptions&);
-  const ParamSpec* parameter;  // the wrapper's own
+  std::vector<const ParamSpec*> parameters;  // the wrapper's own
 };
-const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, &kAdaSafeguard}, {kChunkPrefix, make_chunk_kv, &kChunkLength}};
+const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, {&kAdaSafeguard}},
+                             {kChunkPrefix, make_chunk_kv, {&kChunkLength}},
+                             {kDecodingPrefix, make_decoding_compression, {&kDecodeInterval, &kDecodeTarget, &kDecodeRatio}},
+                             {kBlockPrefix, make_block_prefill, {&kBlockSize}}};
 
 const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const std::string& key) {
   for (const ParamSpec* p : params)
@@ -42,7 +47,11 @@ std::string policy_help() {
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
   return known + "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern; "
                  "ada+SCORED (e.g. ada+snapkv) gives a scored policy Ada-KV's head-adaptive budgets; "
-                 "chunk+SCORED (e.g. chunk+snapkv) keeps a scored policy's best chunks of contiguous tokens (ChunkKV)";
+                 "chunk+SCORED (e.g. chunk+snapkv) keeps a scored policy's best chunks of contiguous tokens (ChunkKV); "
+                 "decoding+SCORED (e.g. decoding+h2o) compresses every decode_interval generated tokens to decode_target "
+                 "or decode_ratio (DecodingPress), the prefill whole unless a budget is given; "
+                 "block+SCORED (e.g. block+keydiff) compresses the prefill to the budget after each block of block_size "
+                 "tokens (BlockPress)";
 }
 
 std::string reference_policy_name() {
@@ -69,7 +78,7 @@ const std::vector<const ParamSpec*>& all_policy_params() {
     std::vector<const ParamSpec*> declared;
     for (const auto& e : kPolicies)
       for (const ParamSpec* p : e.factory({})->parameters()) declared.push_back(p);
-    for (const Wrapper& w : kWrappers) declared.push_back(w.parameter);
+    for (const Wrapper& w : kWrappers) declared.insert(declared.end(), w.parameters.begin(), w.parameters.end());
     for (const ParamSpec* p : declared) {
       const ParamSpec* known = find_if_key(all, p->key());
       if (!known) all.push_back(p);

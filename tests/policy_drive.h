@@ -42,8 +42,10 @@ struct LayerTrace {
 
 // head_major: each KV head through every step before the next head (last head first),
 // as the driver may run heads whose states are independent; otherwise step by step.
+// prefill_block: the policy's RealisablePolicy::prefill_block, where the driver also
+// compresses inside the prefill.
 inline LayerTrace drive_layer_tokens(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
-                                     const NewTokenFn& new_token, bool head_major = false) {
+                                     const NewTokenFn& new_token, bool head_major = false, int prefill_block = 0) {
   const int n_kv = shape.n_kv_heads, group = shape.group();
   LayerTrace trace;
   trace.positions.assign(shape.length, std::vector<std::vector<int>>(n_kv));
@@ -64,7 +66,7 @@ inline LayerTrace drive_layer_tokens(LayerStates& states, const SequenceShape& s
   };
   auto finish = [&](int kv, int i) {
     LayerState& state = *states.heads[kv];
-    if (i >= shape.prefill_len - 1) state.compress(nullptr);
+    if (i >= shape.prefill_len - 1 || (prefill_block > 0 && (i + 1) % prefill_block == 0)) state.compress(nullptr);
     trace.positions[i][kv] = state.positions();
   };
   if (head_major) {
@@ -88,7 +90,7 @@ inline LayerTrace drive_layer_tokens(LayerStates& states, const SequenceShape& s
 // ones of shape.head_dim floats, a fixed function of (kv, position), the key of that norm
 // (and its query group's made-up queries, [group][head_dim]).
 inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& shape, const AttentionFn& attention,
-                                     const KeyNormFn& key_norm, bool head_major = false) {
+                                     const KeyNormFn& key_norm, bool head_major = false, int prefill_block = 0) {
   const int d = shape.head_dim, group = shape.group();
   std::vector<float> key(d), value(d), queries(static_cast<size_t>(group) * d);
   return drive_layer_tokens(
@@ -108,7 +110,7 @@ inline LayerTrace drive_layer_states(LayerStates& states, const SequenceShape& s
         return NewToken{norm, d > 0 ? key.data() : nullptr, d > 0 ? value.data() : nullptr,
                         d > 0 ? queries.data() : nullptr};
       },
-      head_major);
+      head_major, prefill_block);
 }
 
 }  // namespace kvevict::test

@@ -1165,6 +1165,9 @@ std::vector<Case> cases() {
   c.push_back({"flags", "--kv-residual past the model's context (was never flushed)",
                [=](const std::string&) { return gen + "--kv-quant kivi --kv-group 8 --kv-residual 1024"; },
                {"--kv-residual 1024", "context of 512"}});
+  cli_case("--decode-target with --decode-ratio", gen + "--policy decoding+h2o --decode-target 64 --decode-ratio 0.5",
+           "decode_ratio");
+  cli_case("--block-size 0", gen + "--policy block+h2o --budget 0.5 --block-size 0", "--block-size");
   cli_case("--kv-memory with the full cache (was ignored)", gen + "--policy full --kv-memory 0.5", "--kv-memory");
   cli_case("eval: sim-only policy with KIVI (was refused per document)",
            "eval --task copa --limit 2 --policy h2o-paper --heavy-ratio 0.1 --recent-ratio 0.1 --kv-quant kivi "
@@ -1209,7 +1212,7 @@ std::vector<Case> cases() {
 
 TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
   const auto all = cases();
-  REQUIRE(all.size() >= 298);  // the table's size today: a case lost is a failure
+  REQUIRE(all.size() >= 300);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.

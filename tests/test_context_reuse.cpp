@@ -119,7 +119,8 @@ TEST_CASE("every realisable policy in decode mode: choices continuing a shared c
   int policies_run = 0;
   std::vector<std::string> names;
   for (const std::string& name : policy_names()) names.push_back(name);
-  for (const std::string name : {"ada+h2o", "ada+snapkv", "h2o+sparse-strided", "tova+sparse-fixed"})
+  for (const std::string name :
+       {"ada+h2o", "ada+snapkv", "h2o+sparse-strided", "tova+sparse-fixed", "decoding+h2o", "block+h2o"})
     names.push_back(name);
   for (const std::string& name : names) {
     if (!make_policy(name, name == reference_policy_name() ? PolicyOptions{} : token_budget(9))->realisable()) continue;
@@ -130,6 +131,14 @@ TEST_CASE("every realisable policy in decode mode: choices continuing a shared c
         // context under prefill-compress (also the same for every choice).
         PolicyOptions options = is_full ? PolicyOptions{} : protocol == Protocol::Stream ? token_budget(9)
                                                                                            : ratio_budget(0.5);
+        // block+: blocks shorter than the shared context; decoding+: several compressions in
+        // the choices, and under stream no budget (it would compress a prefill there is not).
+        if (name == "block+h2o") options.params.set("block_size", 5);
+        if (name == "decoding+h2o") {
+          options.params.set("decode_interval", 3);
+          options.params.set("decode_target", 6);
+          if (protocol == Protocol::Stream) options.budget = {};
+        }
         if (kivi) {
           options.kv_quant.bits = 2;
           options.kv_quant.group = 4;
@@ -143,12 +152,13 @@ TEST_CASE("every realisable policy in decode mode: choices continuing a shared c
         const auto shared = score_shared_context(model, *policy, Mode::Decode, requests, true, &saved);
         check_same(shared, one_by_one, true);
         // Every choice but the first continued the context (stream: its 14 one-token steps;
-        // prefill-compress: the prefill block); a pattern sized to the length shares only
+        // prefill-compress: the prefill block, block+h2o's three blocks of at most 5); a
+        // pattern sized to the length shares only
         // between the two choices of equal length. The full cache without KIVI runs each
         // request as one block: no call is shared.
         const bool equal_lengths_only =
             name.find("sparse-") != std::string::npos && protocol == Protocol::Stream;
-        const int64_t per_choice = protocol == Protocol::Stream ? 14 : 1;
+        const int64_t per_choice = protocol == Protocol::Stream ? 14 : name == "block+h2o" ? 3 : 1;
         if (is_full && !kivi) CHECK(saved == 0);
         else CHECK(saved == per_choice * (equal_lengths_only ? 1 : 2));
         // Without reuse, the same stream runs every call itself.

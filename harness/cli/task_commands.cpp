@@ -33,7 +33,7 @@ struct EvalArgs {
   std::string model, task, mode = "sim", protocol = "stream", score = "sum", format = "json", predictions;
   std::string pipeline = "lm-eval", question = "aware";
   bool greedy = false;
-  int shots = 0, limit = -1, max_length = 1024, length = 0;
+  int shots = 0, limit = -1, max_length = 1024, length = 0, max_new_tokens = 0;
   uint64_t fewshot_seed = 42;
   int batch_size = 0;  // 0: default_batch_size()
   double depth = 0;  // read only when --depth is given
@@ -122,6 +122,7 @@ int run_eval(EvalArgs& a, const Invocation& at) {
   if (a.bos) config.bos = true;
   if (a.no_bos) config.bos = false;
   config.max_length = a.max_length;
+  config.max_new_tokens = a.max_new_tokens;
   config.temperature = a.temperature;
   config.sample_seed = a.seed;
   config.task_options.length = a.length;
@@ -317,6 +318,10 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
                      "decode mode, multiple choice: run each choice's whole request instead of continuing a fork "
                      "of the context the choices share (the numbers are the same either way)");
   eval_cmd->add_option("--max-length", a.max_length, "left-truncate requests to this many tokens")->check(cli::at_least(2))->capture_default_str();
+  eval_cmd->add_option("--max-new-tokens", a.max_new_tokens,
+                       "generation (XSum, CNN/DM): tokens to generate per document (0: the task's own, 64 and 128)")
+      ->check(cli::at_least(0))
+      ->capture_default_str();
   eval_cmd->add_option("--temperature", a.temperature, "generation (XSum, CNN/DM) sampling temperature (0: greedy)")->check(cli::finite_range(0, 1e6))->capture_default_str();
   cli::add_seed_option(*eval_cmd, "--seed", a.seed, "generation sampling seed; long-context tasks: the items' seed");
   eval_cmd->add_flag("--file-order", a.file_order, "keep the data file's order instead of lm-eval's seeded shuffle");

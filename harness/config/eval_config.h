@@ -52,6 +52,9 @@ struct EvalConfig {
   ScoreMode score = ScoreMode::Sum;
   std::optional<bool> bos;   // default: no BOS for multiple choice (the paper), BOS for generation
   int max_length = 1024;     // left truncation, as lm-eval (capped at the model's context)
+  // Generation tasks: tokens to generate per document (0: the task's own, XSum 64, CNN/DM
+  // 128); long generations for decoding-time compression (decoding+POLICY).
+  int max_new_tokens = 0;
   double temperature = 0;    // generation: 0 is greedy (a request file's own temperature wins)
   bool greedy = false;       // generation: greedy even where the prompt file names a temperature
   uint64_t sample_seed = 0;

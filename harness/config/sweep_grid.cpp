@@ -10,6 +10,7 @@
 #include "harness/common/dtype_names.h"
 #include "harness/common/errors.h"
 #include "harness/common/files.h"
+#include "harness/common/limits.h"
 #include "harness/config/policy_options_json.h"
 #include "policies/registry.h"
 
@@ -75,7 +76,7 @@ std::string SweepCell::key() const { return row_cell_key(identity_row(model, eva
 const std::vector<std::string>& sweep_config_keys() {
   static const std::vector<std::string> keys = {
       "name", "description", "models", "tasks", "policies", "budgets", "budget_tokens", "heavy_shares", "protocols",
-      "shots", "seeds", "limit", "mode", "score", "max_length", "bos", "policy_options", "predictions", "note",
+      "shots", "seeds", "limit", "mode", "score", "max_length", "max_new_tokens", "bos", "policy_options", "predictions", "note",
       "temperature", "file_order", "slurm", "device", "dtype", "pipelines", "pipeline", "greedy",
       "lengths", "depths", "questions",
       "turns", "shared_contexts",  // SCBench's shared-context evaluation of the ruler_niah_* tasks
@@ -444,6 +445,8 @@ SweepPlan expand_sweep_grid(const nlohmann::json& config, const std::string& pat
                 e.max_length = config.contains("max_length")
                                    ? checked_int(config["max_length"], path, "max_length", 2, std::numeric_limits<int>::max())
                                    : 1024;
+                if (config.contains("max_new_tokens"))
+                  e.max_new_tokens = checked_int(config["max_new_tokens"], path, "max_new_tokens", 1, kMaxModelPositions);
                 e.temperature = config.value("temperature", 0.0);
                 if (!(e.temperature >= 0 && std::isfinite(e.temperature)))
                   throw Error(path + ": key \"temperature\" must be a finite number >= 0");

@@ -354,6 +354,8 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
     std::vector<Generation> generations(docs.size());
     std::vector<std::vector<int>> prompts(docs.size());
     std::vector<GenerateOptions> generate_options(docs.size());
+    if (config.max_new_tokens > 0)
+      for (GenerationDoc& doc : docs) doc.max_new_tokens = config.max_new_tokens;
     auto prepare = [&](int d) {
       std::vector<int> prompt = model.encode(docs[d].prompt, bos);
       int question_tokens = 0;

@@ -607,7 +607,15 @@ torch::Tensor SimAttention::simulate_quantized(int layer, const torch::Tensor& q
   std::vector<torch::Tensor> rows;
   int64_t done = 0;
   if (block > 1) {
-    rows.push_back(cache->attend(q.narrow(0, 0, block), k.narrow(0, 0, block), v.narrow(0, 0, block), 0));
+    // A policy that compresses inside the prefill takes it in its blocks, as decode mode does.
+    const RealisablePolicy* realisable = policy_.as_realisable();
+    const int64_t step = realisable && realisable->prefill_block() > 0 ? realisable->prefill_block() : block;
+    for (int64_t from = 0; from < block;) {
+      const int64_t to = std::min(block, (from / step + 1) * step);
+      rows.push_back(cache->attend(q.narrow(0, from, to - from), k.narrow(0, from, to - from),
+                                   v.narrow(0, from, to - from), from));
+      from = to;
+    }
     done = block;
   }
   for (; done < T; ++done)

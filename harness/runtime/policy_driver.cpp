@@ -71,7 +71,8 @@ NewToken BlockTokens::token(int64_t r, int n_kv, int kv) const {
 
 PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const SequenceShape& shape,
                            int64_t sliding_window, SlotColumns columns)
-    : group_(shape.group()), prefill_len_(shape.prefill_len), vectors_(policy.token_vectors()),
+    : group_(shape.group()), prefill_len_(shape.prefill_len), prefill_block_(policy.prefill_block()),
+      vectors_(policy.token_vectors()),
       head_dim_(shape.head_dim), window_(sliding_window), columns_(columns) {
   LayerStates states = policy.make_layer_states(layer, shape);
   lockstep_ = states.lockstep;
@@ -87,6 +88,7 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
   std::unique_ptr<PolicyDriver> copy(new PolicyDriver());
   copy->group_ = group_;
   copy->prefill_len_ = prefill_len_;
+  copy->prefill_block_ = prefill_block_;
   copy->vectors_ = vectors_;
   copy->head_dim_ = head_dim_;
   copy->window_ = window_;
@@ -195,7 +197,7 @@ void PolicyDriver::record_visible(const Head& head, int kv, int64_t r, int64_t r
 }
 
 void PolicyDriver::compress(Head& head, int kv, int64_t position) {
-  if (position < prefill_len_ - 1 || !head.state->compress(&head.keep)) return;
+  if ((position < prefill_len_ - 1 && !ends_prefill_block(position)) || !head.state->compress(&head.keep)) return;
   const std::vector<int>& keep = head.keep;
   std::vector<int> kept(keep.size());
   for (size_t k = 0; k < keep.size(); ++k) kept[k] = head.columns[keep[k]];
@@ -230,6 +232,13 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
     throw Error("internal: the policy reads each new token's key" +
                 std::string(needs_queries ? ", value and query" : needs_values ? " and value" : "") +
                 " vectors of head_dim " + std::to_string(head_dim_) + ", which its caller did not give");
+  // A block of cache rows holds still while its logits are read: a compression may end it,
+  // never fall inside it (the caller cuts the prefill where the policy's blocks end).
+  if (columns_ != SlotColumns::Positions)
+    for (int64_t r = 0; r + 1 < rows; ++r)
+      if (first + r < prefill_len_ - 1 && ends_prefill_block(first + r))
+        throw Error("internal: a block of the prefill runs past position " + std::to_string(first + r) +
+                    ", where the policy compresses (prefill_block " + std::to_string(prefill_block_) + ")");
   for (Head& head : heads_) head.row_slots.assign(rows, 0);
   auto merged = [&](int64_t r, int64_t kv) { return merges && merges[r * n_kv + kv]; };
   const bool parallel = rows * n * n_kv * group_ >= kParallelLogits;

@@ -5,7 +5,8 @@
 //      the model's sliding window and causality all allow;
 //   3. attention: the softmax of the query's logits over those slots, zero elsewhere;
 //   4. observe: the policy sees that attention, for each query head of the KV head's group;
-//   5. compress: after the prefill, the policy evicts back to its budget.
+//   5. compress: after the prefill, the policy evicts back to its budget (also after each
+//      block of the prefill for a policy that asks, RealisablePolicy::prefill_block).
 // Sim mode (one teacher-forced pass), the decode cache and analyze's recall all drive
 // their policies through this class, so a policy cannot tell them apart. Whether heads
 // run on threads of their own is decided here: heads that do not share a decision
@@ -151,9 +152,14 @@ class PolicyDriver {
   int attend(Head& head, int kv, int member, int64_t r, int64_t rows, int64_t n, Scalar* logits);
   void record_visible(const Head& head, int kv, int64_t r, int64_t rows, int64_t n, char* visible_out) const;
   void compress(Head& head, int kv, int64_t position);
+  // The query at `position` is the last of a block of the prefill (prefill_block_).
+  bool ends_prefill_block(int64_t position) const {
+    return prefill_block_ > 0 && (position + 1) % prefill_block_ == 0;
+  }
 
   int group_ = 1;
   int prefill_len_ = 0;
+  int prefill_block_ = 0;  // RealisablePolicy::prefill_block
   TokenVectors vectors_ = TokenVectors::None;
   int head_dim_ = 0;
   int64_t window_ = 0;

@@ -18,6 +18,20 @@ namespace {
 // Whether two model calls compute the same thing: the same tokens at the same positions.
 bool same_call(const BatchSegment& a, const BatchSegment& b) { return a.tokens == b.tokens && a.start == b.start; }
 
+// Tokens [begin, end) of the prefill as the cache's model calls: one block, or, for a
+// policy that compresses inside the prefill (RealisablePolicy::prefill_block), blocks cut
+// where its blocks end, so no compression falls inside a call.
+void push_prefill_blocks(const Policy& policy, const std::vector<int>& tokens, int begin, int end,
+                         CacheAttention* cache, std::vector<BatchSegment>* pieces) {
+  const RealisablePolicy* realisable = policy.as_realisable();
+  const int block = realisable ? realisable->prefill_block() : 0;
+  for (int from = begin; from < end;) {
+    const int to = block > 0 ? std::min(end, (from / block + 1) * block) : end;
+    pieces->push_back({std::vector<int>(tokens.begin() + from, tokens.begin() + to), from, cache});
+    from = to;
+  }
+}
+
 }  // namespace
 
 SequenceShape shape_for(const Model& model, int length, int prefill_len) {
@@ -174,7 +188,7 @@ ScoreStream::ScoreStream(const Model& model, const Policy& policy, Mode mode, Sc
   const bool whole = policy.keeps_everything() && !policy.options().kv_quant.enabled();
   const int block = whole ? T : std::min(prefill_len, T);
   if (block > 1) {
-    pieces_.push_back({std::vector<int>(tokens.begin(), tokens.begin() + block), 0, cache_.get()});
+    push_prefill_blocks(policy, tokens, 0, block, cache_.get(), &pieces_);
     done = block;
   }
   for (; done < T; ++done) pieces_.push_back({{tokens[done]}, done, cache_.get()});
@@ -436,10 +450,10 @@ GenerationStream::GenerationStream(const Model& model, const Policy& policy, std
   } else if (Q > 0) {
     // The context is compressed after its last row; the question's rows then attend the
     // compressed cache and enter it uncompressed.
-    prefill_.push_back({std::vector<int>(prompt.begin(), prompt.end() - Q), 0, attention_.get()});
+    push_prefill_blocks(policy, prompt, 0, P - Q, attention_.get(), &prefill_);
     prefill_.push_back({std::vector<int>(prompt.end() - Q, prompt.end()), P - Q, attention_.get()});
   } else {
-    prefill_.push_back({prompt, 0, attention_.get()});
+    push_prefill_blocks(policy, prompt, 0, P, attention_.get(), &prefill_);
   }
   position_ = P;
 }
