@@ -3,6 +3,7 @@
 #include "harness/common/errors.h"
 #include "policies/ada_kv.h"
 #include "policies/chunk_kv.h"
+#include "policies/critical_kv.h"
 #include "policies/static_pattern.h"
 
 namespace kvevict {
@@ -28,7 +29,11 @@ struct Wrapper {
   std::unique_ptr<Policy> (*wrap)(std::unique_ptr<Policy>, const PolicyOptions&);
   const ParamSpec* parameter;  // the wrapper's own
 };
-const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, &kAdaSafeguard}, {kChunkPrefix, make_chunk_kv, &kChunkLength}};
+// critical+ada+ before critical+: the longer prefix names CriticalAdaKV.
+const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, &kAdaSafeguard},
+                             {kChunkPrefix, make_chunk_kv, &kChunkLength},
+                             {kCriticalAdaPrefix, make_critical_ada_kv, &kCriticalFirstStage},
+                             {kCriticalPrefix, make_critical_kv, &kCriticalFirstStage}};
 
 const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const std::string& key) {
   for (const ParamSpec* p : params)
@@ -42,7 +47,9 @@ std::string policy_help() {
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;
   return known + "; SCORED+PATTERN (e.g. h2o+sparse-strided) adds a scored policy's heavy hitters to a static pattern; "
                  "ada+SCORED (e.g. ada+snapkv) gives a scored policy Ada-KV's head-adaptive budgets; "
-                 "chunk+SCORED (e.g. chunk+snapkv) keeps a scored policy's best chunks of contiguous tokens (ChunkKV)";
+                 "chunk+SCORED (e.g. chunk+snapkv) keeps a scored policy's best chunks of contiguous tokens (ChunkKV); "
+                 "critical+SCORED (e.g. critical+snapkv) selects in CriticalKV's two stages, by the score and then "
+                 "the score x the value's norm; critical+ada+SCORED does so within Ada-KV's head budgets (CriticalAdaKV)";
 }
 
 std::string reference_policy_name() {

@@ -458,6 +458,7 @@ TEST_CASE("eviction over DMC's slots: every realisable policy the same in sim an
   const auto alone = score_sequence(*model, *full_policy(), Mode::Sim, tokens);
   int policies_run = 0;
   for (std::string name : policy_names()) {
+    if (test::needs_pattern_file(name)) continue;
     PolicyOptions o;
     o.budget.tokens = 24;
     auto policy = make_policy(name, o);

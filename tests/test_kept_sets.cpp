@@ -712,10 +712,11 @@ TEST_CASE("full keeps every token; every registered policy has its kept sets tes
   for (int i = 0; i < 10; ++i) CHECK(trace.positions[i][0] == range(0, i));
   // The cases above, by policy. A policy added to the registry changes this list, and
   // with it gets a case here that says which tokens it keeps (keydiff and lagkv, which
-  // read the key and value vectors: in test_query_free_policies.cpp).
+  // read the key and value vectors: in test_query_free_policies.cpp; duo-attention, which
+  // needs a pattern file: in test_critical_duo.cpp).
   const std::vector<std::string> tested = {"full",      "local",       "random",       "h2o",    "h2o-paper",
                                            "h2o-global", "streamingllm", "tova",        "snapkv", "pyramidkv",
-                                           "scissorhands", "knorm",     "keydiff",      "lagkv",  "sparse-strided",
+                                           "scissorhands", "knorm",     "keydiff",      "lagkv",  "duo-attention", "sparse-strided",
                                            "sparse-fixed"};
   CHECK(policy_names() == tested);
 }

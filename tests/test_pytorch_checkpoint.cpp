@@ -36,7 +36,7 @@ std::string open_error(const std::string& dir) {
 }
 
 // A copy of a model directory that a test may damage.
-std::string copy_model(const std::string& model_dir, const std::string& name) {
+std::string copy_checkpoint_model(const std::string& model_dir, const std::string& name) {
   auto dir = test::temp_dir(name);
   for (auto& entry : fs::directory_iterator(test::data(model_dir)))
     fs::copy_file(entry.path(), fs::path(dir) / entry.path().filename());
@@ -200,7 +200,7 @@ TEST_CASE("a pickle that puts a list or dict inside itself is refused", "[pickle
 TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file and tensor", "[pickle][errors]") {
   const std::string model = "models/tiny-random-opt-bin";
   SECTION("truncated zip: the file ends inside a storage record") {
-    auto dir = copy_model(model, "pickle_truncated");
+    auto dir = copy_checkpoint_model(model, "pickle_truncated");
     auto file = fs::path(dir) / "pytorch_model.bin";
     fs::resize_file(file, 227000);  // inside the central directory, after every record
     CHECK_THAT(cli_error(dir), Catch::Contains(file.string()) && Catch::Contains("central directory") &&
@@ -214,7 +214,7 @@ TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file an
     CHECK_THAT(cli_error(dir), Catch::Contains(file.string()) && Catch::Contains("pytorch_model/data.pkl"));
   }
   SECTION("a storage record missing from the archive") {
-    auto dir = copy_model(model, "pickle_missing_record");
+    auto dir = copy_checkpoint_model(model, "pickle_missing_record");
     auto file = fs::path(dir) / "pytorch_model.bin";
     // Rename data/7 in the central directory (the last occurrence of its name).
     auto bytes = test::read_text(file.string());
@@ -227,7 +227,7 @@ TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file an
                         Catch::Contains("pytorch_model/data/7 is missing"));
   }
   SECTION("a storage shorter than its tensor") {
-    auto dir = copy_model(model, "pickle_short_storage");
+    auto dir = copy_checkpoint_model(model, "pickle_short_storage");
     auto file = fs::path(dir) / "pytorch_model.bin";
     // The first persistent id, storage 0 of decoder.embed_positions.weight, declares
     // 8320 elements (BININT2 0x2080); make it 100.
@@ -268,7 +268,7 @@ TEST_CASE("damaged pytorch_model.bin files fail with one line naming the file an
     CHECK_THAT(open_error(dir), Catch::Contains("tensor w") && Catch::Contains("torch.ComplexFloatStorage"));
   }
   SECTION("a truncated legacy file") {
-    auto dir = copy_model("models/tiny-random-opt-bin-legacy", "pickle_legacy_truncated");
+    auto dir = copy_checkpoint_model("models/tiny-random-opt-bin-legacy", "pickle_legacy_truncated");
     auto file = fs::path(dir) / "pytorch_model.bin";
     fs::resize_file(file, fs::file_size(file) - 100);
     auto msg = cli_error(dir);
@@ -299,7 +299,7 @@ TEST_CASE("pickle checkpoints hold the same weights as their safetensors twins",
 }
 
 TEST_CASE("a directory with both formats loads its safetensors", "[pickle]") {
-  auto dir = copy_model("models/tiny-random-opt", "pickle_both");
+  auto dir = copy_checkpoint_model("models/tiny-random-opt", "pickle_both");
   fs::copy_file(test::data("models/tiny-random-opt-bin/pytorch_model.bin"), fs::path(dir) / "pytorch_model.bin");
   auto store = WeightStore::open(dir);
   CHECK(store.has("model.decoder.embed_tokens.weight"));
@@ -437,7 +437,7 @@ TEST_CASE("CRC-32s: data.pkl on every load, the tensors' records by verify_check
 }
 
 TEST_CASE("a damaged legacy magic number and a folder named pytorch_model.bin say so", "[pickle][errors]") {
-  auto dir = copy_model("models/tiny-random-opt-bin-legacy", "pickle_legacy_magic");
+  auto dir = copy_checkpoint_model("models/tiny-random-opt-bin-legacy", "pickle_legacy_magic");
   const fs::path file = fs::path(dir) / "pytorch_model.bin";
   Bytes bytes = test::read_text(file.string());
   bytes[3] = '\x06';  // LONG1's length: the magic's last bytes become opcodes (was "memo entry ... never stored")

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "harness/common/data_dir.h"
+#include "policies/registry.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
 #include "notebooks-export/results_csv.h"
@@ -56,6 +57,12 @@ const Model& stories() {
 
 std::vector<int> golden_tokens() {
   return read_json(data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
+}
+
+bool needs_pattern_file(const std::string& policy_name) {
+  for (const ParamSpec* p : make_policy(policy_name, {})->parameters())
+    if (p->key() == "pattern_file") return true;
+  return false;
 }
 
 std::string error_of(const std::function<void()>& fn) {

@@ -27,6 +27,10 @@ const Model& stories();
 std::vector<int> golden_tokens();
 // The message of the kvevict::Error fn throws ("" when it throws none).
 std::string error_of(const std::function<void()>& fn);
+// A registered policy that runs only with a file made for one model's shape
+// (duo-attention's pattern_file): the loops over every registered policy skip it, and
+// test_critical_duo.cpp runs it (kept sets, budget, sim == decode).
+bool needs_pattern_file(const std::string& policy_name);
 // A fresh empty temporary folder, $TMPDIR/kvevict_test_<pid>_<name>, removed with all it
 // holds when the object goes, by the process that made it (a forked child's exit leaves
 // it to its parent).
