@@ -118,8 +118,7 @@ TEST_CASE("every realisable policy in decode mode: choices continuing a shared c
   const Model& model = test::stories();
   int policies_run = 0;
   std::vector<std::string> names;
-  for (const std::string& name : policy_names())
-    if (!test::needs_pattern_file(name)) names.push_back(name);
+  for (const std::string& name : policy_names()) names.push_back(name);
   for (const std::string name : {"ada+h2o", "ada+snapkv", "h2o+sparse-strided", "tova+sparse-fixed"})
     names.push_back(name);
   for (const std::string& name : names) {
@@ -136,7 +135,7 @@ TEST_CASE("every realisable policy in decode mode: choices continuing a shared c
           options.kv_quant.group = 4;
           options.kv_quant.residual = 8;
         }
-        auto policy = make_policy(name, options);
+        auto policy = make_policy(name, test::runnable_on(name, model, options));
         INFO("policy " << name << (kivi ? " kivi" : "") << " protocol " << protocol_name(protocol));
         const auto requests = document(model, protocol);
         const auto one_by_one = alone(model, *policy, Mode::Decode, requests);

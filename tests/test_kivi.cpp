@@ -357,7 +357,6 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy with a KIV
   options.dtype = "float64";
   auto model = Model::load(test::data("models/stories260K-hf"), options);
   for (const std::string& name : policy_names()) {
-    if (test::needs_pattern_file(name)) continue;
     PolicyOptions probe;
     probe.budget.ratio = 0.5;
     if (!make_policy(name, probe)->realisable()) {
@@ -375,7 +374,7 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy with a KIV
           o.budget.ratio = budget;
           o.params.set("window", 8);
           o.kv_quant = kivi(bits, 8, 16);
-          auto policy = make_policy(name, o);
+          auto policy = make_policy(name, test::runnable_on(name, *model, o));
           auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
           auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
           INFO(name << " budget " << budget << " prefill " << prefill << " bits " << bits);

@@ -65,6 +65,18 @@ bool needs_pattern_file(const std::string& policy_name) {
   return false;
 }
 
+PolicyOptions runnable_on(const std::string& policy_name, const Model& model, PolicyOptions options) {
+  if (!needs_pattern_file(policy_name)) return options;
+  const int64_t layers = model.arch().n_layers, heads = model.arch().n_kv_heads;
+  const std::string path = temp_dir("pattern_" + std::to_string(layers) + "x" + std::to_string(heads)) + "/heads.tsv";
+  std::string text;
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t h = 0; h < heads; ++h) text += std::to_string((l * 7 + h * 3) % 11 / 10.0) + (h + 1 < heads ? "\t" : "\n");
+  std::ofstream(path) << text;
+  options.params.set("pattern_file", path);
+  return options;
+}
+
 std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
