@@ -15,7 +15,7 @@
 // retrieval head holds every token. So the whole cache keeps about
 //   h x budget + (1 - h) x length tokens per layer and head, h = the streaming share,
 // which is kvpress's compression_ratio = h x (1 - (sink + recent) / length). The budget
-// has no heavy-hitter share.
+// has no heavy-hitter share; --kv-memory, a byte budget every head would hold, is refused.
 //
 // Pattern files: rows of layers, columns of KV heads, fields separated by tabs (DuoAttention's
 // .tsv) or commas (.csv), one row per line, blank lines ignored; or JSON: an array of
@@ -178,6 +178,11 @@ class DuoHeadState : public LayerState {
 class DuoAttentionPolicy : public RealisablePolicy {
  public:
   explicit DuoAttentionPolicy(const PolicyOptions& options) : RealisablePolicy(options) {
+    // A byte budget sizes every head's cache; a retrieval head keeps every token.
+    if (options_.kv_quant.memory > 0)
+      throw Error(std::string(options_.kv_quant.keys->memory) +
+                  " sizes every KV head's cache; policy duo-attention's retrieval heads keep every token (give it "
+                  "--budget or --budget-tokens, the streaming heads' size)");
     if (!pattern_file_.empty())
       streaming_ = streaming_heads(load_head_scores(pattern_file_), options_.params.real(kHeadCompressionRatio));
   }

@@ -439,6 +439,12 @@ TEST_CASE("duo-attention refuses a pattern file it cannot use, naming the file",
   const std::string missing = test::temp_dir("critical_duo_missing") + "/absent.tsv";
   CHECK_THAT(test::error_of([&] { make_policy("duo-attention", duo_options(missing, 0.5)); }),
              Catch::Contains("pattern_file \"" + missing + "\": cannot open file"));
+  // A byte budget would size the retrieval heads too.
+  PolicyOptions memory = duo_options(crit_write("ok.tsv", "0.1\t0.2\n0.3\t0.4\n0.5\t0.6\n"), 0.5);
+  memory.budget = BudgetSpec{};
+  memory.kv_quant.memory = 0.5;
+  CHECK_THAT(test::error_of([&] { make_policy("duo-attention", memory); }),
+             Catch::Contains("--kv-memory") && Catch::Contains("retrieval heads keep every token"));
   // No file at all: the flag is named.
   CHECK_THAT(test::error_of([&] { make_policy("duo-attention", crit_tokens_budget(8))->validate(shape); }),
              Catch::Contains("duo-attention needs --pattern-file"));
