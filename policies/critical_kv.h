@@ -4,8 +4,8 @@
 // "critical+ada+POLICY" over a scored policy whose heads decide on their own.
 //
 // The paper bounds the change of the attention output when token i is evicted by its
-// attention weight times the norm of its projected value, A_i * ||v_i W_o||_1 (its
-// Theorem 1 and eq. 8), and selects in two stages (its Algorithm 1), which kvpress states as:
+// attention weight times the norm of its projected value, A_i * ||v_i W_o||_1 (its output
+// perturbation bound), and selects in two stages, which kvpress states as:
 //   stage 1: the top int(r * b) slots by the inner policy's score s_i stay
 //            (r = first_stage_ratio, b = the head's budget);
 //   stage 2: the rest of b goes to the highest (s_i + eps) * ||v_i||_1, eps = 1e-4.

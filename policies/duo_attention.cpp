@@ -1,8 +1,9 @@
 // DuoAttention (Xiao et al. 2024, "DuoAttention: Efficient Long-Context LLM Inference with
 // Retrieval and Streaming Heads", arXiv 2410.10819; kvpress's DuoAttentionPress): each KV
 // head is either a retrieval head, which keeps the full cache, or a streaming head, which
-// keeps the n_sink attention sinks and the most recent tokens (the paper's eq. 3 with its
-// gate alpha thresholded: alpha_{l,h} high -> full attention, low -> streaming attention).
+// keeps the n_sink attention sinks and the most recent tokens. The paper trains a gate
+// alpha_{l,h} per head mixing the two, attn = alpha x full + (1 - alpha) x streaming, and
+// deploys it thresholded: alpha high -> full attention, low -> streaming attention.
 //
 // The heads' scores alpha_{l,h} (one per layer and KV head, as DuoAttention's released
 // full_attention_heads.tsv holds them) come from pattern_file, clipped to [0, 1] as
