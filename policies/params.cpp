@@ -75,6 +75,13 @@ ParamSpec ParamSpec::seed(const char* key, const char* help) {
   return s;
 }
 
+ParamSpec ParamSpec::text(const char* key, const char* help) {
+  ParamSpec s = integer(key, 0, help);
+  s.kind_ = Kind::Text;
+  s.default_ = "";
+  return s;
+}
+
 ParamSpec ParamSpec::at_least(double min) const {
   ParamSpec s = *this;
   s.min_ = min;
@@ -127,6 +134,12 @@ std::string ParamSpec::check(const std::string& text, const std::string& where) 
       std::string known;
       for (const auto& c : choices_) known += (known.empty() ? "" : ", ") + c;
       return refuse("one of " + known);
+    }
+    case Kind::Text: {
+      for (const char c : text)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == ';' || c == '=')
+          return refuse("a text without control characters, ';' or '='");
+      return text;
     }
     case Kind::Seed: {
       char* end = nullptr;

@@ -13,13 +13,16 @@ namespace kvevict {
 
 class ParamSpec {
  public:
-  enum class Kind { Integer, Real, Choice, Seed };
+  enum class Kind { Integer, Real, Choice, Seed, Text };
 
   // The builders: key is the sweep key ("n_sink"); the flag is "--" + key with '-' for '_'.
   static ParamSpec integer(const char* key, long long default_value, const char* help);
   static ParamSpec real(const char* key, double default_value, const char* help);
   static ParamSpec choice(const char* key, std::vector<std::string> choices, const char* help);  // default: the first
   static ParamSpec seed(const char* key, const char* help);  // unsigned 64 bits, default 0
+  // Free text, default "" (a file path: duo-attention's pattern_file); a value holds no
+  // control character, ';' or '=' (PolicyParams::to_string joins "key=value" with ';').
+  static ParamSpec text(const char* key, const char* help);
 
   // Range refinements, chained onto a builder.
   ParamSpec at_least(double min) const;

@@ -4,6 +4,7 @@
 #include "policies/ada_kv.h"
 #include "policies/block_prefill.h"
 #include "policies/chunk_kv.h"
+#include "policies/critical_kv.h"
 #include "policies/decoding_compression.h"
 #include "policies/static_pattern.h"
 
@@ -30,8 +31,11 @@ struct Wrapper {
   std::unique_ptr<Policy> (*wrap)(std::unique_ptr<Policy>, const PolicyOptions&);
   std::vector<const ParamSpec*> parameters;  // the wrapper's own
 };
+// critical+ada+ before critical+: the longer prefix names CriticalAdaKV.
 const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, {&kAdaSafeguard}},
                              {kChunkPrefix, make_chunk_kv, {&kChunkLength}},
+                             {kCriticalAdaPrefix, make_critical_ada_kv, {&kCriticalFirstStage}},
+                             {kCriticalPrefix, make_critical_kv, {&kCriticalFirstStage}},
                              {kDecodingPrefix, make_decoding_compression, {&kDecodeInterval, &kDecodeTarget, &kDecodeRatio}},
                              {kBlockPrefix, make_block_prefill, {&kBlockSize}}};
 
@@ -51,7 +55,9 @@ std::string policy_help() {
                  "decoding+SCORED (e.g. decoding+h2o) compresses every decode_interval generated tokens to decode_target "
                  "or decode_ratio (DecodingPress), the prefill whole unless a budget is given; "
                  "block+SCORED (e.g. block+keydiff) compresses the prefill to the budget after each block of block_size "
-                 "tokens (BlockPress)";
+                 "tokens (BlockPress); "
+                 "critical+SCORED (e.g. critical+snapkv) selects in CriticalKV's two stages, by the score and then "
+                 "the score x the value's norm; critical+ada+SCORED does so within Ada-KV's head budgets (CriticalAdaKV)";
 }
 
 std::string reference_policy_name() {

@@ -402,6 +402,18 @@ std::vector<Case> cases() {
   cli_case("--use-covariance yes", gen + "--policy expected-attention --budget 0.5 --use-covariance yes", "--use-covariance");
   cli_case("--epsilon -1", gen + "--policy expected-attention --budget 0.5 --epsilon -1", "--epsilon");
   cli_case("unknown policy", gen + "--policy lru --budget 0.5", "lru");
+  cli_case("critical+tova (its heads share one decision)", gen + "--policy critical+tova --budget 0.5", "critical+tova");
+  cli_case("--first-stage-ratio 2", gen + "--policy critical+snapkv --budget 0.5 --first-stage-ratio 2",
+           "--first-stage-ratio");
+  cli_case("duo-attention without --pattern-file", gen + "--policy duo-attention --budget 0.5", "--pattern-file");
+  cli_case("--pattern-file missing",
+           gen + "--policy duo-attention --budget 0.5 --pattern-file /nonexistent/heads.tsv", "/nonexistent/heads.tsv");
+  c.push_back({"flags", "--pattern-file of another model's shape",
+               [=](const std::string& d) {
+                 write(d + "/heads.tsv", "0.1\t0.2\n");
+                 return gen + "--policy duo-attention --budget 0.5 --pattern-file " + d + "/heads.tsv";
+               },
+               {"heads.tsv", "1 layers x 2 KV heads"}});
   // KIVI (harness/common/kv_quant.h); stories260K's head_dim is 8.
   cli_case("--kv-bits 3", gen + "--kv-quant kivi --kv-bits 3", "--kv-bits");
   cli_case("--kv-bits 8 (not implemented)", gen + "--kv-quant kivi --kv-bits 8", "--kv-bits");
@@ -1212,7 +1224,7 @@ std::vector<Case> cases() {
 
 TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
   const auto all = cases();
-  REQUIRE(all.size() >= 300);  // the table's size today: a case lost is a failure
+  REQUIRE(all.size() >= 305);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.

@@ -190,7 +190,9 @@ TEST_CASE("every realisable policy in decode mode: batched scores equal batch 1"
   }
   int policies_run = 0;
   for (const std::string& name : policy_names()) {
-    auto policy = policy_at(name, 0.5);
+    PolicyOptions options;
+    if (name != reference_policy_name()) options.budget.ratio = 0.5;
+    auto policy = make_policy(name, test::runnable_on(name, model, options));
     if (!policy->realisable()) continue;
     INFO("policy " << name);
     std::vector<SequenceScore> alone;

@@ -144,7 +144,7 @@ TEST_CASE("every realisable policy in decode mode: choices continuing a shared c
           options.kv_quant.group = 4;
           options.kv_quant.residual = 8;
         }
-        auto policy = make_policy(name, options);
+        auto policy = make_policy(name, test::runnable_on(name, model, options));
         INFO("policy " << name << (kivi ? " kivi" : "") << " protocol " << protocol_name(protocol));
         const auto requests = document(model, protocol);
         const auto one_by_one = alone(model, *policy, Mode::Decode, requests);

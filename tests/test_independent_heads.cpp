@@ -2,6 +2,7 @@
 // own thread through a whole block of queries: for such a policy, one head at a time
 // through the whole sequence must leave exactly the slots and make exactly the evictions
 // that all heads together, query by query, do.
+#include "tests/test_support.h"
 #include "tests/catch.h"
 
 #include <cmath>
@@ -46,6 +47,7 @@ TEST_CASE("a policy with independent heads, run one KV head at a time, keeps wha
           "[policies][units][independent]") {
   int independent = 0, shared = 0;
   for (const std::string& name : policy_names()) {
+    if (test::needs_pattern_file(name)) continue;
     for (const std::string& reduce : {"mean", "max"}) {
       for (int prefill : {0, 12}) {
         PolicyOptions options;

@@ -374,7 +374,7 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy with a KIV
           o.budget.ratio = budget;
           o.params.set("window", 8);
           o.kv_quant = kivi(bits, 8, 16);
-          auto policy = make_policy(name, o);
+          auto policy = make_policy(name, test::runnable_on(name, *model, o));
           auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
           auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
           INFO(name << " budget " << budget << " prefill " << prefill << " bits " << bits);

@@ -1,5 +1,7 @@
 // Policy parameters reach the sweep and the CLI through their one declaration: the
 // sweep's "policy_options" keys, the per-cell seed, and the flags, with ranges checked.
+#include <fstream>
+
 #include "harness/common/errors.h"
 #include "harness/sweep/sweep.h"
 #include "policies/registry.h"
@@ -49,6 +51,31 @@ TEST_CASE("a sweep's policy_options are the declared parameters, checked", "[swe
   CHECK_THAT(error_of({{"seed", 3}}), Catch::Contains("\"seed\" is set per cell from \"seeds\""));
   CHECK_THAT(error_of({{"window", true}}), Catch::Contains("policy_options.window"));
   CHECK(error_of({{"stride", -1}, {"summary", 2}, {"n_sink", 0}}).empty());
+  // A text parameter (a file path) is a string, without control characters, ';' or '='.
+  CHECK_THAT(error_of({{"pattern_file", 3}}), Catch::Contains("policy_options.pattern_file") && Catch::Contains("string"));
+  CHECK_THAT(error_of({{"pattern_file", "a;b.tsv"}}), Catch::Contains("policy_options.pattern_file") && Catch::Contains("';'"));
+  CHECK_THAT(error_of({{"pattern_file", "a\nb.tsv"}}), Catch::Contains("control characters"));
+}
+
+TEST_CASE("duo-attention from the CLI: a pattern file for the model, heads holding different counts", "[cli][params]") {
+  // stories260K: 5 layers x 4 KV heads; half of them (the lowest scores) stream.
+  const std::string heads = test::temp_dir("duo_cli") + "/heads.tsv";
+  {
+    std::string text;
+    for (int l = 0; l < 5; ++l)
+      for (int h = 0; h < 4; ++h) text += std::to_string((l * 4 + h * 7) % 20 / 20.0) + (h < 3 ? "\t" : "\n");
+    std::ofstream(heads) << text;
+  }
+  const std::string text = " --text-file " + test::data("text/tinystories_sample.txt") + " --max-tokens 80 --format json";
+  auto run = test::run_kvevict("perplexity" + text + " --policy duo-attention --budget 0.2 --n-sink 2 --pattern-file " + heads);
+  REQUIRE(run.exit_code == 0);
+  const auto per_head = nlohmann::json::parse(run.out)["kv_tokens_kept_per_head"];
+  REQUIRE(per_head.size() == 5);
+  int streaming = 0, full = 0;
+  for (const auto& layer : per_head)
+    for (const auto& kept : layer) (kept.get<int>() < 80 ? streaming : full)++;
+  CHECK(streaming == 10);
+  CHECK(full == 10);
 }
 
 TEST_CASE("every declared parameter is a CLI flag, range-checked", "[cli][params]") {

@@ -61,7 +61,7 @@ TEST_CASE("generate evicts in decode mode exactly as sim mode scores the same to
   const int P = static_cast<int>(prompt.size());
   int evicting_runs = 0;
   for (const std::string& name : policy_names()) {
-    auto policy = make_policy(name, budget(0.4));
+    auto policy = make_policy(name, test::runnable_on(name, model, budget(0.4)));
     if (!policy->realisable()) continue;
     for (bool stream : {true, false}) {
       GenerateOptions options;

@@ -320,6 +320,10 @@ TEST_CASE("bad requests get an OpenAI error naming the field, and the server kee
       {"budget and budget_tokens", "POST", "/v1/completions",
        "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"h2o\", \"budget\": 0.5, \"budget_tokens\": 4}}", 400,
        "kvevict.budget"},
+      {"a file named in a request", "POST", "/v1/completions",
+       "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"duo-attention\", \"budget\": 0.5, \"pattern_file\": "
+       "\"/etc/hostname\"}}",
+       400, "kvevict.pattern_file"},
       {"policy parameter out of range", "POST", "/v1/completions",
        "{\"prompt\": \"a\", \"kvevict\": {\"policy\": \"streaming\", \"budget\": 0.5, \"n_sink\": -5}}", 400, "n_sink"},
       {"token budget under the policy's sink tokens", "POST", "/v1/completions",

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "harness/common/data_dir.h"
+#include "policies/registry.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
 #include "notebooks-export/results_csv.h"
@@ -56,6 +57,24 @@ const Model& stories() {
 
 std::vector<int> golden_tokens() {
   return read_json(data("golden/stories260K_tinystories_T200.json"))["tokens"].get<std::vector<int>>();
+}
+
+bool needs_pattern_file(const std::string& policy_name) {
+  for (const ParamSpec* p : make_policy(policy_name, {})->parameters())
+    if (p->key() == "pattern_file") return true;
+  return false;
+}
+
+PolicyOptions runnable_on(const std::string& policy_name, const Model& model, PolicyOptions options) {
+  if (!needs_pattern_file(policy_name)) return options;
+  const int64_t layers = model.arch().n_layers, heads = model.arch().n_kv_heads;
+  const std::string path = temp_dir("pattern_" + std::to_string(layers) + "x" + std::to_string(heads)) + "/heads.tsv";
+  std::string text;
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t h = 0; h < heads; ++h) text += std::to_string((l * 7 + h * 3) % 11 / 10.0) + (h + 1 < heads ? "\t" : "\n");
+  std::ofstream(path) << text;
+  options.params.set("pattern_file", path);
+  return options;
 }
 
 std::string error_of(const std::function<void()>& fn) {

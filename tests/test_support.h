@@ -8,6 +8,7 @@
 
 namespace kvevict {
 class Model;
+struct PolicyOptions;
 struct ModelOptions;  // harness/model/model.h: the header stays free of LibTorch
 struct ResultRow;
 }
@@ -27,6 +28,15 @@ const Model& stories();
 std::vector<int> golden_tokens();
 // The message of the kvevict::Error fn throws ("" when it throws none).
 std::string error_of(const std::function<void()>& fn);
+// A registered policy that runs only with a file made for one model's shape
+// (duo-attention's pattern_file): the model-free loops over every registered policy skip
+// it (they hold every head to the budget), and test_critical_duo.cpp runs it (kept sets,
+// budget, sim == decode).
+bool needs_pattern_file(const std::string& policy_name);
+// `options`, and for a policy that needs a pattern file one written for `model`'s layers
+// x KV heads (made-up scores; at the default head_compression_ratio half the heads
+// stream), so the loops over every registered policy on a model run it too.
+PolicyOptions runnable_on(const std::string& policy_name, const Model& model, PolicyOptions options);
 // A fresh empty temporary folder, $TMPDIR/kvevict_test_<pid>_<name>, removed with all it
 // holds when the object goes, by the process that made it (a forked child's exit leaves
 // it to its parent).

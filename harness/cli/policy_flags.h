@@ -62,7 +62,7 @@ inline void add_policy_param_flags(CLI::App& app, PolicyParams& params) {
            spec->describe())
         ->default_str(spec->default_text())
         ->type_name(spec->kind() == ParamSpec::Kind::Real ? "FLOAT"
-                    : spec->kind() == ParamSpec::Kind::Choice ? "TEXT"
+                    : spec->kind() == ParamSpec::Kind::Choice || spec->kind() == ParamSpec::Kind::Text ? "TEXT"
                                                                : "INT");
   }
 }

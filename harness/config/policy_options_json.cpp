@@ -19,7 +19,7 @@ PolicyParams read_policy_options(const nlohmann::json& options, const std::strin
     }
     if (spec->takes_run_seed())
       throw Error(path + ": policy_options: \"" + key + "\" is set per cell from \"seeds\"");
-    const bool choice = spec->kind() == ParamSpec::Kind::Choice;
+    const bool choice = spec->kind() == ParamSpec::Kind::Choice || spec->kind() == ParamSpec::Kind::Text;
     if (choice ? !value.is_string() : !value.is_number())
       throw Error(path + ": key \"policy_options." + key + "\" must be " + (choice ? "a string" : "a number") +
                   ", not " + value.dump());

@@ -193,6 +193,11 @@ RequestPolicy read_policy(const json& value) {
       (key == "heavy_share" ? budget.heavy_share : key == "heavy_ratio" ? budget.heavy_ratio : budget.recent_ratio) = x;
       policy.replaces_policy = true;
     } else if (const ParamSpec* spec = find_policy_param(key)) {
+      // A text parameter names a file (pattern_file): a file on the server, which a
+      // request does not get to choose; it is set where the server starts.
+      if (spec->kind() == ParamSpec::Kind::Text)
+        throw bad(param, "\"" + param + "\" names a file on the server: set it with " + spec->cli_flag() +
+                             " where the server starts, not in a request");
       const bool choice = spec->kind() == ParamSpec::Kind::Choice;
       if (choice ? !v.is_string() : !v.is_number())
         throw bad(param, "\"" + param + "\" must be " + (choice ? "a string" : "a number") + ", not " + kind_of(v));
