@@ -143,7 +143,18 @@ class LlamaCpp:
 def make_models(kvevict_binary, llama, folder, name, shape, max_positions, dtypes):
     """The safetensors checkpoint and its GGUF files, each written only when missing."""
     model = os.path.join(folder, name)
-    if not os.path.isfile(os.path.join(model, "model.safetensors")):
+    wanted = {"num_hidden_layers": shape["layers"], "hidden_size": shape["hidden"],
+              "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv_heads"],
+              "intermediate_size": shape["intermediate"], "vocab_size": shape["vocab"]}
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            written = json.load(f)
+        fits = (all(written.get(k) == v for k, v in wanted.items()) and
+                written.get("max_position_embeddings", 0) >= max_positions and
+                os.path.isfile(os.path.join(model, "model.safetensors")))
+    except (OSError, ValueError):
+        fits = False
+    if not fits:  # missing, another shape, or too short for the longest prefill
         log(f"writing {model} (kvevict make-random-model)")
         run([kvevict_binary, "make-random-model", "--out", model, "--layers", str(shape["layers"]),
              "--hidden", str(shape["hidden"]), "--heads", str(shape["heads"]), "--kv-heads", str(shape["kv_heads"]),
@@ -195,6 +206,7 @@ def main():
     parser.add_argument("--decode-tokens", type=int, help="overrides decode_tokens")
     parser.add_argument("--repeat", type=int, help="rounds of each row, overrides repeat")
     parser.add_argument("--threads", type=int, help="overrides threads")
+    parser.add_argument("--write-only", action="store_true", help="write the checkpoints and stop")
     args = parser.parse_args()
 
     config = read_config(args.config)
@@ -232,6 +244,12 @@ def main():
     if not llama:
         log(BUILD_HINT)
 
+    if args.write_only:
+        max_positions = max([prompt + steps] + prefills + config.get("prefill_tokens", [])) + 16
+        for name, shape in shapes.items():
+            model, ggufs = make_models(args.kvevict, llama, args.models, name, shape, max_positions, dtypes)
+            log(f"{name}: {model} " + " ".join(ggufs.values()))
+        return
     log(f"threads {threads} repeat {repeat} load_average {load_average()} llama.cpp "
         f"{args.llama_cpp if llama else 'none'} flash_attn {flash_attn if llama else '-'}")
     limits_row = {"limits": True}
@@ -242,7 +260,9 @@ def main():
         f"{limits['fma_f32_GFLOP_per_s']:.1f} ({limits['fma_isa']}) bf16_dot_GFLOP_per_s "
         f"{limits.get('bf16_dot_GFLOP_per_s', 0):.1f} load_average {load_average()}")
 
-    max_positions = max([prompt + steps] + prefills) + 16
+    # Room for the config's longest prefill even when this run asks for shorter ones, so
+    # that a short run's checkpoint serves the full table too.
+    max_positions = max([prompt + steps] + prefills + config.get("prefill_tokens", [])) + 16
     measured = []
     started = time.time()
     for name, shape in shapes.items():
