@@ -63,3 +63,55 @@ TEST_CASE("bench with a random_model config prints prefill and decode rates per 
   CHECK(too_long.exit_code == 1);
   CHECK_THAT(too_long.err, Catch::Contains("\"contexts\"") && Catch::Contains("exceeds random_model.max_positions 40"));
 }
+
+TEST_CASE("bench with peer_rows prints the machine's limits and each decode and prefill row with its costs",
+          "[random-model][cli][peer]") {
+  // bench/peer.py's kvevict side (issue 41); llama.cpp is not needed here.
+  const std::string dir = test::temp_dir("peer_rows_bench");
+  REQUIRE(test::run_kvevict("make-random-model --out " + dir + "/model --layers 2 --hidden 64 --heads 4 --kv-heads 2"
+                            " --intermediate 96 --vocab 300 --max-positions 128")
+              .exit_code == 0);
+  const std::string config = dir + "/bench.json";
+  auto field = [](const std::string& out, const std::string& kind, const std::string& key) {
+    const size_t line = out.find("peer_row " + kind);
+    if (line == std::string::npos) return -1.0;
+    const size_t at = out.find(" " + key + " ", line);
+    if (at == std::string::npos || at > out.find('\n', line)) return -1.0;
+    return std::stod(out.substr(at + key.size() + 2));
+  };
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    std::ofstream(config) << R"({"model": ")" << dir << R"(/model", "dtype": ")" << dtype << R"(", "peer_rows": [
+        {"limits": true, "bandwidth_MiB": 16}, {"decode_batch": 3, "prompt": 8, "tokens": 5},
+        {"prefill": 40}, {"prefill": 40, "policy": "h2o", "budget": 0.25}]})";
+    const auto r = test::run_kvevict("bench --threads 2 --config " + config);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(field(r.out, "limits", "read_GB_per_s") > 0);
+    CHECK(field(r.out, "limits", "fma_f32_GFLOP_per_s") > 0);
+    CHECK_THAT(r.out, Catch::Contains("peer_row decode dtype " + dtype + " B 3 prompt 8 tokens 5 tokens_per_s"));
+    CHECK(field(r.out, "decode", "tokens_per_s") > 0);
+    // The costs by hand: per layer q, o 64x64, k, v 32x64, the MLP 3 x 64x96 and two
+    // norms of 64; the final norm, the LM head 300x64 and one embedding row.
+    const double elements = 2 * (2 * 4096 + 2 * 2048 + 3 * 6144 + 128) + 64 + 19200 + 64;
+    CHECK(field(r.out, "decode", "weight_bytes") == elements * (dtype == "float32" ? 4 : 2));
+    CHECK(field(r.out, "decode", "kv_bytes_per_token") == 2 * 2 * 2 * 16 * (dtype == "float32" ? 4 : 2));
+    CHECK(field(r.out, "decode", "linear_flops_per_token") == 2.0 * (2 * (2 * 4096 + 2 * 2048 + 3 * 6144) + 19200));
+    CHECK(field(r.out, "decode", "attention_flops_per_pair") == 2 * 2 * 4 * 16 * 2);
+    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype + " T 40 policy full tokens_per_s"));
+    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype + " T 40 policy h2o tokens_per_s"));
+    // The full cache holds the prompt; h2o compresses it to its budget of 25%.
+    CHECK(r.out.find("policy full") != std::string::npos);
+    const size_t full_line = r.out.find("policy full"), h2o_line = r.out.find("policy h2o");
+    CHECK(r.out.substr(full_line, r.out.find('\n', full_line) - full_line).find(" kept_tokens 40 ") != std::string::npos);
+    CHECK(r.out.substr(h2o_line, r.out.find('\n', h2o_line) - h2o_line).find(" kept_tokens 10 ") != std::string::npos);
+    CHECK(field(r.out, "prefill", "flops") == 40 * 161280.0 + 512.0 * 40 * 41 / 2);
+  }
+  std::ofstream(config) << R"({"peer_rows": [{"limits": true, "prefill": 40}]})";
+  const auto two_kinds = test::run_kvevict("bench --config " + config);
+  CHECK(two_kinds.exit_code == 1);
+  CHECK_THAT(two_kinds.err, Catch::Contains("\"peer_rows\" row 0: give exactly one of"));
+  std::ofstream(config) << R"({"peer_rows": [{"decode_batch": 2}]})";
+  const auto no_model = test::run_kvevict("bench --config " + config);
+  CHECK(no_model.exit_code == 1);
+  CHECK_THAT(no_model.err, Catch::Contains("\"model\" is required by decode and prefill rows"));
+}

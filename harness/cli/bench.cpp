@@ -569,6 +569,111 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
   return 0;
 }
 
+// bench/peer.py's rows (issue 41: kvevict against llama.cpp on the same weights): each
+// row one run, printed as "peer_row KIND key value ..." for the script, which alternates
+// them with llama.cpp's runs and keeps the best. A "limits" row measures the machine
+// (read bandwidth, FMA peak); a "decode_batch" row times `tokens` decode steps of B
+// sequences, each in its own full cache after its own `prompt` random tokens (as
+// llama-batched-bench does); a "prefill" row times one forward of `prefill` random tokens
+// into a cache under `policy` (prefill-compress at `budget` for an evicting one).
+const std::vector<std::string> kPeerRowKeys = {"limits", "bandwidth_MiB", "decode_batch", "prompt", "tokens",
+                                               "prefill", "policy", "budget"};
+
+int bench_peer_rows(const BenchArgs& args, const ConfigObject& config) {
+  constexpr long long kMost = std::numeric_limits<int>::max();
+  const nlohmann::json& rows = config.raw("peer_rows");
+  if (!rows.is_array() || rows.empty()) throw Error(config.name("peer_rows") + " must be a non-empty list of row objects");
+  const int threads = set_thread_count(args.runtime.options.threads);
+  std::unique_ptr<Model> model;  // loaded by the first row that needs it
+  auto loaded = [&]() -> const Model& {
+    if (!model) {
+      const std::string dir = args.model_given ? args.model : config.text("model", "");
+      if (dir.empty()) throw Error(config.name("model") + " is required by decode and prefill rows (or pass --model)");
+      ModelOptions options = args.runtime.options;
+      options.dtype = config.text("dtype", options.dtype);
+      model = Model::load(dir, options);
+      use_threads_for(*model, threads);
+    }
+    return *model;
+  };
+  // What the script needs for the roofline of a row: the bytes and FLOPs of a step.
+  auto model_costs = [](const Model& m) {
+    std::ostringstream out;
+    out << std::setprecision(10) << " weight_bytes " << decode_weight_bytes(m.arch(), m.dtype()) << " kv_bytes_per_token "
+        << kv_bytes_per_token(m.arch(), m.dtype()) << " linear_flops_per_token " << linear_flops_per_token(m.arch())
+        << " attention_flops_per_pair " << attention_flops_per_pair(m.arch());
+    return out.str();
+  };
+  std::cout << std::fixed << std::setprecision(4);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ConfigObject row(rows[i], config.name("peer_rows") + " row " + std::to_string(i), kPeerRowKeys);
+    const bool limits = row.flag("limits", false);
+    const int kinds = limits + row.has("decode_batch") + row.has("prefill");
+    if (kinds != 1)
+      throw Error(config.name("peer_rows") + " row " + std::to_string(i) +
+                  ": give exactly one of \"limits\": true, \"decode_batch\" and \"prefill\"");
+    if (limits) {
+      const auto bytes = static_cast<int64_t>(row.number("bandwidth_MiB", 512, 1, 1 << 20) * (1 << 20));
+      const ReadBandwidth read = measure_read_bandwidth(bytes, 10);
+      const FmaPeak fma = measure_fma_peak(5);
+      std::cout << "peer_row limits threads " << threads << " read_GB_per_s " << read.bytes_per_s / 1e9
+                << " read_threads " << read.threads << " fma_f32_GFLOP_per_s " << fma.f32_flops_per_s / 1e9
+                << " fma_isa " << fma.f32_isa << " bf16_dot_GFLOP_per_s " << fma.bf16_dot_flops_per_s / 1e9
+                << " fma_threads " << fma.threads << " load_average " << load_average() << std::endl;
+    } else if (row.has("decode_batch")) {
+      const int B = row.integer("decode_batch", 1, 1, 4096);
+      const int prompt = row.integer("prompt", 32, 1, kMost);
+      const int steps = row.integer("tokens", 64, 1, kMost);
+      const Model& m = loaded();
+      PolicyOptions none;
+      const auto full = make_policy(reference_policy_name(), none);
+      std::vector<std::unique_ptr<CacheAttention>> caches;
+      std::vector<std::vector<int>> tokens;
+      for (int b = 0; b < B; ++b) {
+        tokens.push_back(random_tokens(prompt + steps, static_cast<int>(m.arch().vocab), 100 + b));
+        caches.push_back(std::make_unique<CacheAttention>(m, *full, shape_for(m, prompt + steps, prompt)));
+        m.forward(std::vector<int>(tokens[b].begin(), tokens[b].begin() + prompt), 0, *caches[b]);
+      }
+      double attention_before = 0;
+      for (auto& c : caches) attention_before += c->attention_seconds();
+      const auto t0 = Clock::now();
+      for (int s = 0; s < steps; ++s) {
+        std::vector<BatchSegment> segments;
+        for (int b = 0; b < B; ++b) segments.push_back({{tokens[b][prompt + s]}, prompt + s, caches[b].get()});
+        m.forward_batch(segments);
+      }
+      const double seconds = seconds_since(t0);
+      double attention = -attention_before;
+      for (auto& c : caches) attention += c->attention_seconds();
+      // The sequences attend in parallel, one on each thread: the summed attention time
+      // spread over min(B, threads) is its share of the step's wall time.
+      const double attention_wall = attention / std::min(B, threads) / steps;
+      std::cout << "peer_row decode dtype " << config.text("dtype", args.runtime.options.dtype) << " B " << B
+                << " prompt " << prompt << " tokens " << steps << " tokens_per_s " << B * steps / seconds << " step_ms "
+                << seconds / steps * 1e3 << " attention_ms " << attention_wall * 1e3 << model_costs(m)
+                << " load_average " << load_average() << std::endl;
+    } else {
+      const int T = row.integer("prefill", 512, 1, kMost);
+      const std::string name = row.text("policy", reference_policy_name());
+      PolicyOptions options;
+      if (name != reference_policy_name()) options.budget.ratio = row.number("budget", 0.2, 0, 1);
+      const auto policy = make_policy(name, options);
+      const Model& m = loaded();
+      const auto tokens = random_tokens(T, static_cast<int>(m.arch().vocab), 11);
+      CacheAttention cache(m, *policy, shape_for(m, T, T));
+      const auto t0 = Clock::now();
+      m.forward(tokens, 0, cache);
+      const double seconds = seconds_since(t0);
+      std::cout << "peer_row prefill dtype " << config.text("dtype", args.runtime.options.dtype) << " T " << T
+                << " policy " << name << " tokens_per_s " << T / seconds << " seconds " << seconds
+                << " attention_seconds " << cache.attention_seconds() << " kept_tokens " << cache.cached_tokens(0)
+                << " flops " << std::setprecision(1) << forward_flops(m.arch(), T) << std::setprecision(4)
+                << model_costs(m) << " load_average " << load_average() << std::endl;
+    }
+  }
+  return 0;
+}
+
 // The keys of each kind of benchmark config; any other key is refused (a typo would
 // otherwise silently bench the default).
 const std::vector<std::string> kTokenizerBenchKeys = {"comment", "description", "jsonl", "field", "limit", "tokenizers"};
@@ -580,6 +685,7 @@ const std::vector<std::string> kBatchBenchKeys = {
     "comment", "description", "model", "batch_sizes", "dtypes", "decode_prefill", "decode_steps", "repeat",
     "profile_policy", "budget", "compare_batch", "generation_task", "generation_model", "generation_limit", "generation_max_length",
     "mc_task", "mc_limit", "mc_models", "memory_context"};
+const std::vector<std::string> kPeerBenchKeys = {"comment", "description", "model", "dtype", "peer_rows"};
 const std::vector<std::string> kContextReuseBenchKeys = {"comment", "description", "model", "reuse_tasks", "policies",
                                                          "budget_tokens", "limit", "repeat", "batch_size"};
 
@@ -709,6 +815,8 @@ int run_bench(const BenchArgs& args, const std::string& data_override) {
       return bench_tokenizers(args, ConfigObject(config, args.config, kTokenizerBenchKeys), data_override);
     if (config.is_object() && config.contains("reuse_tasks"))
       return bench_context_reuse(args, ConfigObject(config, args.config, kContextReuseBenchKeys), data_override);
+    if (config.is_object() && config.contains("peer_rows"))
+      return bench_peer_rows(args, ConfigObject(config, args.config, kPeerBenchKeys));
     if (config.is_object() && config.contains("random_model"))
       return bench_random_model(args, ConfigObject(config, args.config, kRandomModelBenchKeys));
     if (config.is_object() && config.contains("batch_sizes"))

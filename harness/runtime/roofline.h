@@ -71,9 +71,28 @@ class BandwidthProbe {
 };
 ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat);
 
+struct FmaPeak {
+  double f32_flops_per_s = 0;  // float32 multiply-adds (2 FLOPs each), the best instruction set
+  std::string f32_isa;         // which: "avx512", "avx2" or "portable"
+  double bf16_dot_flops_per_s = 0;  // AVX512-BF16 dot products (vdpbf16ps); 0 where the CPU lacks them
+  int threads = 0;                  // how many ATen threads ran the chains
+};
+
+// The arithmetic peak: each of the current ATen threads runs independent chains of
+// register-only multiply-adds (enough to cover the FMA latency on every port), so no
+// memory is touched; the best of `repeat` (at least 3) runs. The limit of a prefill and
+// of a large batch's decode step. float32 with AVX-512 and AVX2 (whichever is faster:
+// some CPUs have one 512-bit FMA port, others two), and the bfloat16 dot product that
+// llama.cpp's BF16 kernels use where the CPU has it.
+FmaPeak measure_fma_peak(int repeat);
+
 // FLOPs of one forward over t tokens: the linear layers (2 per multiply-add) plus causal
 // attention (scores and weighted values over the t(t+1)/2 visible pairs per head).
 double forward_flops(const ArchSpec& arch, int64_t t);
+// Of which, per token: the linear layers' FLOPs; and per (query, visible key) pair the
+// attention's (scores and values, every head and layer).
+double linear_flops_per_token(const ArchSpec& arch);
+double attention_flops_per_pair(const ArchSpec& arch);
 
 // Bytes of the weight matrices a one-token decode step reads (every layer's matrices,
 // the LM head and the vector weights; one embedding row), in `dtype`.
