@@ -11,6 +11,54 @@
 namespace kvevict {
 namespace {
 
+struct AdaCandidate {
+  int tier;  // 2: a sink or recent slot, 1: within the head's safeguard, 0: the rest
+  float score;
+  int position, head, slot;
+};
+
+// Higher tier first, then higher score, then the more recent position, then the lower
+// head: a total order, so the kept set does not depend on the sort.
+bool ada_ranks_before(const AdaCandidate& a, const AdaCandidate& b) {
+  if (a.tier != b.tier) return a.tier > b.tier;
+  if (a.score != b.score) return a.score > b.score;
+  if (a.position != b.position) return a.position > b.position;
+  return a.head < b.head;
+}
+
+}  // namespace
+
+void ada_allocate(const std::vector<const HeadSlots*>& heads, const std::vector<std::vector<float>>& scores,
+                  const Budget& budget, int safeguard, int layer_capacity, std::vector<std::vector<int>>* kept) {
+  const int H = static_cast<int>(heads.size());
+  std::vector<AdaCandidate> candidates;
+  for (int h = 0; h < H; ++h) {
+    const HeadSlots& head = *heads[h];
+    const int n = head.size();
+    int n_sink = 0;
+    while (n_sink < n && head.positions[n_sink] < budget.sink) ++n_sink;
+    const int n_recent = std::min(budget.recent, n - n_sink);
+    const size_t first = candidates.size();
+    for (int s = 0; s < n; ++s) {
+      const bool window = s < n_sink || s >= n - n_recent;
+      // A NaN score ranks below every number.
+      const float score = std::isnan(scores[h][s]) ? -std::numeric_limits<float>::infinity() : scores[h][s];
+      candidates.push_back({window ? 2 : 0, score, head.positions[s], h, s});
+    }
+    // The safeguard: the head's best slots, its windows included, up to `safeguard`.
+    auto begin = candidates.begin() + first;
+    std::sort(begin, candidates.end(), ada_ranks_before);
+    for (int i = 0; i < std::min(safeguard, n); ++i) begin[i].tier = std::max(begin[i].tier, 1);
+  }
+  const int count = std::min<int>(layer_capacity, static_cast<int>(candidates.size()));
+  std::nth_element(candidates.begin(), candidates.begin() + count, candidates.end(), ada_ranks_before);
+  kept->assign(H, {});
+  for (int i = 0; i < count; ++i) (*kept)[candidates[i].head].push_back(candidates[i].slot);
+  for (auto& slots : *kept) std::sort(slots.begin(), slots.end());
+}
+
+namespace {
+
 // One layer's decision across its heads. The driver runs the heads in lockstep, so every
 // head has observed the step's query before the first one compresses; that first call
 // decides for all heads, and each head then takes its own part.
@@ -32,21 +80,6 @@ class AdaLayer {
   }
 
  private:
-  struct Candidate {
-    int tier;  // 2: a sink or recent slot, 1: within the head's safeguard, 0: the rest
-    float score;
-    int position, head, slot;
-  };
-
-  // Higher tier first, then higher score, then the more recent position, then the lower
-  // head: a total order, so the kept set does not depend on the sort.
-  static bool better(const Candidate& a, const Candidate& b) {
-    if (a.tier != b.tier) return a.tier > b.tier;
-    if (a.score != b.score) return a.score > b.score;
-    if (a.position != b.position) return a.position > b.position;
-    return a.head < b.head;
-  }
-
   void decide() {
     const int H = static_cast<int>(heads_.size());
     std::fill(pending_.begin(), pending_.end(), 1);
@@ -62,30 +95,12 @@ class AdaLayer {
         for (int s = 0; s < heads_[h]->size(); ++s) kept_[h].push_back(s);
       return;
     }
-    candidates_.clear();
+    scores_.resize(H);
     for (int h = 0; h < H; ++h) {
-      const HeadSlots& head = *heads_[h];
-      const int n = head.size();
-      scores_.resize(n);
-      inner_.score(head, scores_.data());
-      int n_sink = 0;
-      while (n_sink < n && head.positions[n_sink] < budget_.sink) ++n_sink;
-      const int n_recent = std::min(budget_.recent, n - n_sink);
-      const size_t first = candidates_.size();
-      for (int s = 0; s < n; ++s) {
-        const bool window = s < n_sink || s >= n - n_recent;
-        // A NaN score ranks below every number.
-        const float score = std::isnan(scores_[s]) ? -std::numeric_limits<float>::infinity() : scores_[s];
-        candidates_.push_back({window ? 2 : 0, score, head.positions[s], h, s});
-      }
-      // The safeguard: the head's best slots, its windows included, up to guard_.
-      auto begin = candidates_.begin() + first;
-      std::sort(begin, candidates_.end(), better);
-      for (int i = 0; i < std::min(guard_, n); ++i) begin[i].tier = std::max(begin[i].tier, 1);
+      scores_[h].resize(heads_[h]->size());
+      inner_.score(*heads_[h], scores_[h].data());
     }
-    std::nth_element(candidates_.begin(), candidates_.begin() + layer_capacity, candidates_.end(), better);
-    for (int i = 0; i < layer_capacity; ++i) kept_[candidates_[i].head].push_back(candidates_[i].slot);
-    for (auto& kept : kept_) std::sort(kept.begin(), kept.end());
+    ada_allocate(heads_, scores_, budget_, guard_, layer_capacity, &kept_);
   }
 
   const ScoredPolicy& inner_;
@@ -94,8 +109,7 @@ class AdaLayer {
   std::vector<const HeadSlots*> heads_;
   std::vector<std::vector<int>> kept_;
   std::vector<char> pending_;
-  std::vector<Candidate> candidates_;
-  std::vector<float> scores_;
+  std::vector<std::vector<float>> scores_;  // [head][slot]: the inner policy's
 };
 
 // One KV head: its slots and the inner policy's per-slot state; the layer decides.

@@ -9,6 +9,7 @@
 // then hold different numbers of slots; the decode cache keeps them ragged.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "policies/policy.h"
 
@@ -24,5 +25,14 @@ inline constexpr const char* kAdaPrefix = "ada+";
 
 // Wraps `scored` (a ScoredPolicy that evicts); kvevict::Error naming the policy otherwise.
 std::unique_ptr<Policy> make_ada_kv(std::unique_ptr<Policy> scored, const PolicyOptions& options);
+
+// Ada-KV's allocation over one layer's KV heads, ranked together: heads[h]'s slots with
+// scores[h] (the inner policy's, one per slot). Each head's sink and recent windows (the
+// budget's) come first, then each head's `safeguard` best slots, then the layer's best
+// until `layer_capacity` slots are kept; ties go to the more recent position, then the
+// lower head. kept[h]: head h's kept slot indices, ascending. CriticalAdaKV
+// (critical_kv.h) uses it for its per-head counts.
+void ada_allocate(const std::vector<const HeadSlots*>& heads, const std::vector<std::vector<float>>& scores,
+                  const Budget& budget, int safeguard, int layer_capacity, std::vector<std::vector<int>>* kept);
 
 }  // namespace kvevict

@@ -137,18 +137,6 @@ class CriticalAdaLayer {
   }
 
  private:
-  struct Candidate {
-    int tier;  // 2: a sink or recent slot, 1: within the head's safeguard, 0: the rest
-    float score;
-    int position, head;
-  };
-  static bool better(const Candidate& a, const Candidate& b) {
-    if (a.tier != b.tier) return a.tier > b.tier;
-    if (a.score != b.score) return a.score > b.score;
-    if (a.position != b.position) return a.position > b.position;
-    return a.head < b.head;
-  }
-
   void decide() {
     const int H = static_cast<int>(heads_.size());
     std::fill(pending_.begin(), pending_.end(), 1);
@@ -163,31 +151,18 @@ class CriticalAdaLayer {
         for (int s = 0; s < heads_[h]->head.slots.size(); ++s) kept_[h].push_back(s);
       return;
     }
-    // Ada-KV's allocation: how many slots each head keeps.
-    base_.assign(H, {});
-    candidates_.clear();
+    // Ada-KV's allocation (ada_kv.h): how many slots each head keeps.
+    base_.resize(H);
+    slots_of_heads_.resize(H);
     for (int h = 0; h < H; ++h) {
       const HeadSlots& head = heads_[h]->head.slots;
-      const int n = head.size();
-      base_[h].resize(n);
+      slots_of_heads_[h] = &head;
+      base_[h].resize(head.size());
       inner_.score(head, base_[h].data());
-      int n_sink = 0;
-      while (n_sink < n && head.positions[n_sink] < budget_.sink) ++n_sink;
-      const int n_recent = std::min(budget_.recent, n - n_sink);
-      const size_t begin_index = candidates_.size();
-      for (int s = 0; s < n; ++s) {
-        const bool window = s < n_sink || s >= n - n_recent;
-        const float score =
-            std::isnan(base_[h][s]) ? -std::numeric_limits<float>::infinity() : base_[h][s];
-        candidates_.push_back({window ? 2 : 0, score, head.positions[s], h});
-      }
-      auto begin = candidates_.begin() + begin_index;
-      std::sort(begin, candidates_.end(), better);
-      for (int i = 0; i < std::min(guard_, n); ++i) begin[i].tier = std::max(begin[i].tier, 1);
     }
-    std::nth_element(candidates_.begin(), candidates_.begin() + layer_capacity, candidates_.end(), better);
+    ada_allocate(slots_of_heads_, base_, budget_, guard_, layer_capacity, &allocation_);
     counts_.assign(H, 0);
-    for (int i = 0; i < layer_capacity; ++i) counts_[candidates_[i].head]++;
+    for (int h = 0; h < H; ++h) counts_[h] = static_cast<int>(allocation_[h].size());
     // Each head's two stages within its count; its windows stay (the windows' tier put
     // them in the count, up to the count itself).
     for (int h = 0; h < H; ++h) {
@@ -207,8 +182,9 @@ class CriticalAdaLayer {
   std::vector<char> pending_;
   int guard_;
   double first_stage_ratio_;
-  std::vector<Candidate> candidates_;
-  std::vector<std::vector<float>> base_;
+  std::vector<const HeadSlots*> slots_of_heads_;
+  std::vector<std::vector<float>> base_;        // [head][slot]: the inner policy's scores
+  std::vector<std::vector<int>> allocation_;    // [head]: the slots Ada-KV's allocation keeps
   std::vector<int> counts_, scratch_;
   std::vector<float> scores_;
 };

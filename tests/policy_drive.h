@@ -5,12 +5,22 @@
 // tested in test_policy_driver.cpp.
 #pragma once
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "policies/policy.h"
 
 namespace kvevict::test {
+
+// 64 well-mixed bits from a few integers (splitmix64's finaliser): made-up data a test
+// can recompute in its hand computation.
+inline uint64_t splitmix_bits(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  uint64_t x = ((a * 1000003 + b) * 1000003 + c) * 1000003 + d + 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
 
 // head_dim: the length of the made-up key and value vectors (drive_layer_states).
 inline SequenceShape sequence_shape(int length, int prefill, int n_q = 1, int n_kv = 1, int layers = 1,

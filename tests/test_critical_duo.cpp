@@ -30,10 +30,7 @@ using CritPositions = std::vector<int>;
 
 // A value in [-1, 1) from a few integers (splitmix64).
 double crit_random(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  uint64_t x = ((a * 1000003 + b) * 1000003 + c) * 1000003 + d + 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
+  const uint64_t x = test::splitmix_bits(a, b, c, d);
   return static_cast<double>(x >> 40) / static_cast<double>(1ULL << 23) - 1.0;
 }
 
