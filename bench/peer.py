@@ -300,8 +300,12 @@ def main():
     log(f"roofline from read {bandwidth / 1e9:.1f} GB/s and FMA {fma / 1e9:.1f} GFLOP/s (the highest of "
         f"{len(readings)} readings; read {min(r['read_GB_per_s'] for r in readings):.1f}-{bandwidth / 1e9:.1f}, "
         f"FMA {min(r['fma_f32_GFLOP_per_s'] for r in readings):.1f}-{fma / 1e9:.1f})")
+    # bfloat16 rows: the machine's bfloat16 dot product (AVX512-BF16, twice the float32
+    # FMAs) is their compute limit where it exists, whatever either engine uses.
+    bf16_dot = max(r.get("bf16_dot_GFLOP_per_s", 0) for r in readings) * 1e9
     table = []
     for name, dtype, spec, best_k, best_l, kv_row, load in measured:
+        peak, peak_name = (bf16_dot, "bf16 dot") if dtype == "bfloat16" and bf16_dot > 0 else (fma, "FMA")
         # The roofline: a decode step reads the weights once and each sequence's cache
         # (about prompt + steps/2 rows) and does its products; a prefill is bound by its FLOPs.
         if "decode_batch" in spec:
@@ -309,12 +313,12 @@ def main():
             context = prompt + steps / 2
             step_bytes = kv_row["weight_bytes"] + b * kv_row["kv_bytes_per_token"] * context
             step_flops = b * (kv_row["linear_flops_per_token"] + kv_row["attention_flops_per_pair"] * context)
-            limit = b / max(step_bytes / bandwidth, step_flops / fma)
-            bound = "bandwidth" if step_bytes / bandwidth > step_flops / fma else "FMA"
+            limit = b / max(step_bytes / bandwidth, step_flops / peak)
+            bound = "bandwidth" if step_bytes / bandwidth > step_flops / peak else peak_name
             attention = kv_row["attention_ms"] / kv_row["step_ms"]
         else:
-            limit = spec["prefill"] * fma / kv_row["flops"]
-            bound = "FMA"
+            limit = spec["prefill"] * peak / kv_row["flops"]
+            bound = peak_name
             attention = kv_row["attention_seconds"] / kv_row["seconds"]
         table.append([name, dtype, label_of(spec, budget), fmt(best_k), fmt(best_l), ratio(best_k, best_l), fmt(limit),
                       bound, share(best_k, limit), share(best_l, limit), f"{100 * attention:.0f}%", load])
