@@ -10,18 +10,31 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 
 namespace kvevict::fuzz {
 
 // A folder of its own per process, so a loader that looks for files beside its input
-// (tokenizer_config.json) finds none by accident.
+// (tokenizer_config.json) finds none by accident; removed when the process exits.
+class ScratchFolder {
+ public:
+  ScratchFolder()
+      : path_((std::filesystem::temp_directory_path() / ("kvevict_fuzz_" + std::to_string(::getpid()))).string()) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 inline std::string scratch_file(const std::string& name, const uint8_t* data, size_t size) {
-  static const std::string folder = [] {
-    const std::string dir = "/tmp/kvevict_fuzz_" + std::to_string(::getpid());
-    std::filesystem::create_directories(dir);
-    return dir;
-  }();
-  const std::string path = folder + "/" + name;
+  static const ScratchFolder folder;
+  const std::string path = folder.path() + "/" + name;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   return path;
