@@ -236,3 +236,9 @@ write("server_request", "bad-length-http", "POST /v1/completions HTTP/1.1\r\nCon
       "Content-Length: -1\r\nTransfer-Encoding: chunked\r\n\r\n")
 write("server_request", "duplicate-key", '{"prompt": "a", "prompt": "b"}')
 write("server_request", "huge-number", '{"prompt": "a", "temperature": 1e400, "max_tokens": 18446744073709551615}')
+# DuoAttention pattern files: TSV, CSV and JSON of [layer][KV head] scores (2 x 2 fits the
+# fuzz target's shape), and a ragged one.
+write("duo_pattern", "tsv", "0.9\t0.1\n0.2\t0.8\n")
+write("duo_pattern", "csv", "0.9,0.1\n0.2,0.8\n")
+write("duo_pattern", "json", "[[0.9, 0.1], [0.2, 0.8]]")
+write("duo_pattern", "ragged", "0.9\t0.1\n0.2\n")

@@ -14,7 +14,7 @@ WORK="$(realpath -m "${1:-$ROOT/build/fuzz}")"
 SECONDS_EACH="${KVEVICT_FUZZ_SECONDS:-60}"
 DATA="${KVEVICT_DATA:-$ROOT/../shared/data}"
 CXX_FUZZ="${KVEVICT_FUZZ_CXX:-clang++-14}"
-ALL="safetensors config_json sentencepiece bpe_json bpe_added_tokens bpe_vocab_merges task_jsonl results_csv pytorch_bin sweep_config slurm_record analyze_config results_export server_request"
+ALL="safetensors config_json sentencepiece bpe_json bpe_added_tokens bpe_vocab_merges task_jsonl results_csv pytorch_bin sweep_config slurm_record analyze_config results_export server_request duo_pattern"
 TARGETS="${KVEVICT_FUZZ_TARGETS:-$ALL}"
 
 if ! command -v "$CXX_FUZZ" >/dev/null; then
