@@ -233,7 +233,241 @@ void weight_rows_avx512(const W* const* w, const float* const* x, int64_t batch,
   }
 }
 
-std::atomic<MatvecIsa> widest_allowed{MatvecIsa::Avx512};
+// ---- bfloat16 weights times bfloat16 rows ----
+// A bfloat16 model's decode rows are bfloat16 too, and the product of two bfloat16 values
+// (8-bit significands) is exact in float32, so the sum can be taken in the order of the
+// AVX512-BF16 dot product (vdpbf16ps), which does two such multiply-adds per float32 lane
+// in one instruction, twice the float32 FMA's rate on half the bytes, with no widening.
+// Every bfloat16 kernel below follows that order, so all of them give the same bits:
+// sixteen lane sums; lane j takes, from each 32-element chunk (elements 32c .. 32c+31),
+// the product of elements 32c+2j+1 and then that of 32c+2j, each added with one rounding
+// (Intel's definition of vdpbf16ps, and bit for bit what Zen 4 computes, checked on 3.2
+// million random lanes); a last partial chunk is zero-padded; then lane j and j+8 are
+// added, then j and j+4, j and j+2, and lanes 0 and 1. vdpbf16ps also flushes denormal
+// inputs and results to zero, the emulations do not: their bits can differ only where a
+// product or a partial sum is below 2^-126 in magnitude.
+constexpr int kBf16Chunk = 32, kBf16Lanes = 16;
+
+// The order above in scalar code: any CPU, and the tests' reference.
+float dot_bf16_portable(const uint16_t* w, const uint16_t* x, int64_t n) {
+  float lane[kBf16Lanes] = {};
+  for (int64_t c = 0; c < n; c += kBf16Chunk)
+    for (int j = 0; j < kBf16Lanes; ++j)
+      for (int k : {2 * j + 1, 2 * j}) {
+        const int64_t e = c + k;
+        lane[j] += e < n ? widen(w[e]) * widen(x[e]) : 0.0f;  // exact product, one rounding; padding adds +0
+      }
+  float s8[8], s4[4];
+  for (int j = 0; j < 8; ++j) s8[j] = lane[j] + lane[j + 8];
+  for (int j = 0; j < 4; ++j) s4[j] = s8[j] + s8[j + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+#ifdef KVEVICT_MATVEC_AVX2
+// Lanes 0..7 and 8..15 folded as above; the same sequence as the float32 kernels' final sum.
+__attribute__((target("avx2,fma"), always_inline)) inline float sum_lanes(__m256 low, __m256 high) {
+  const __m256 s8 = _mm256_add_ps(low, high);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+// The zero-padded copy of a row's last partial chunk (n % 32 elements, then zeros).
+inline void padded_tail(const uint16_t* row, int64_t n, uint16_t (&chunk)[kBf16Chunk]) {
+  const int64_t from = n / kBf16Chunk * kBf16Chunk;
+  for (int64_t k = 0; k < kBf16Chunk; ++k) chunk[k] = from + k < n ? row[from + k] : uint16_t{0};
+}
+
+// R weight rows x G rows of x; sums[r * stride + g]. Each kernel's chunk step is applied to
+// every whole chunk and then, if n is not a multiple of 32, to the zero-padded last one.
+// vdpbf16ps itself: one instruction per chunk and (weight row, x row).
+struct Bf16Dot {
+  static constexpr int kWeightRows = 6;  // 24 accumulators, six weight chunks and one x chunk of the 32 registers
+  template <int R, int G>
+  __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void step(
+      __m512 (&acc)[R][G], const uint16_t* const* wp, const uint16_t* const* xp) {
+    __m512i wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wp[r]);
+    for (int g = 0; g < G; ++g) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xp[g]);
+      for (int r = 0; r < R; ++r) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], (__m512bh)wv[r], xv);
+    }
+  }
+  template <int R, int G>
+  __attribute__((target("avx512f,avx512bf16,avx2,fma"))) static void block(const uint16_t* const* w,
+                                                                          const uint16_t* const* x, int64_t n,
+                                                                          float* sums, int64_t stride) {
+    __m512 acc[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    const int64_t whole = n / kBf16Chunk * kBf16Chunk;
+    const uint16_t* wp[R];
+    const uint16_t* xp[G];
+    for (int64_t i = 0; i < whole; i += kBf16Chunk) {
+      prefetch_next_block<R>(w, n, i);
+      for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
+      for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
+      step<R, G>(acc, wp, xp);
+    }
+    if (whole < n) {
+      uint16_t wt[R][kBf16Chunk], xt[G][kBf16Chunk];
+      for (int r = 0; r < R; ++r) padded_tail(w[r], n, wt[r]), wp[r] = wt[r];
+      for (int g = 0; g < G; ++g) padded_tail(x[g], n, xt[g]), xp[g] = xt[g];
+      step<R, G>(acc, wp, xp);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g)
+        sums[r * stride + g] = sum_lanes(_mm512_castps512_ps256(acc[r][g]), upper_half(acc[r][g]));
+  }
+};
+
+// The same sums without AVX512-BF16, in AVX-512F: each 32-bit lane holds elements 2j
+// (low half) and 2j+1 (high half); masking gives the odd one as a float32, a shift the even one.
+struct Bf16Avx512 {
+  static constexpr int kWeightRows = 4;  // 16 accumulators, 8 weight halves, 2 x halves
+  template <int R, int G>
+  __attribute__((target("avx512f"), always_inline)) static inline void step(__m512 (&acc)[R][G],
+                                                                              const uint16_t* const* wp,
+                                                                              const uint16_t* const* xp) {
+    const __m512i high_half = _mm512_set1_epi32(int(0xFFFF0000u));
+    __m512 w_odd[R], w_even[R];
+    for (int r = 0; r < R; ++r) {
+      const __m512i v = _mm512_loadu_si512(wp[r]);
+      w_odd[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+      w_even[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512i v = _mm512_loadu_si512(xp[g]);
+      const __m512 x_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+      const __m512 x_even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      for (int r = 0; r < R; ++r) {
+        acc[r][g] = _mm512_fmadd_ps(w_odd[r], x_odd, acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(w_even[r], x_even, acc[r][g]);
+      }
+    }
+  }
+  template <int R, int G>
+  __attribute__((target("avx512f,avx2,fma"))) static void block(const uint16_t* const* w, const uint16_t* const* x,
+                                                               int64_t n, float* sums, int64_t stride) {
+    __m512 acc[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    const int64_t whole = n / kBf16Chunk * kBf16Chunk;
+    const uint16_t* wp[R];
+    const uint16_t* xp[G];
+    for (int64_t i = 0; i < whole; i += kBf16Chunk) {
+      prefetch_next_block<R>(w, n, i);
+      for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
+      for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
+      step<R, G>(acc, wp, xp);
+    }
+    if (whole < n) {
+      uint16_t wt[R][kBf16Chunk], xt[G][kBf16Chunk];
+      for (int r = 0; r < R; ++r) padded_tail(w[r], n, wt[r]), wp[r] = wt[r];
+      for (int g = 0; g < G; ++g) padded_tail(x[g], n, xt[g]), xp[g] = xt[g];
+      step<R, G>(acc, wp, xp);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g)
+        sums[r * stride + g] = sum_lanes(_mm512_castps512_ps256(acc[r][g]), upper_half(acc[r][g]));
+  }
+};
+
+// And in AVX2: lanes 0..7 (the first 16 elements of each chunk) over the whole row, then
+// lanes 8..15, so the accumulators of one half fit its 16 registers.
+struct Bf16Avx2 {
+  static constexpr int kWeightRows = 2;  // per half: 8 accumulators, 4 weight halves, 2 x halves
+  // Lanes 0..7 (half 0) or 8..15 (half 1) of one chunk step.
+  template <int R, int G>
+  __attribute__((target("avx2,fma"), always_inline)) static inline void step(__m256 (&acc)[R][G], int half,
+                                                                             const uint16_t* const* wp,
+                                                                             const uint16_t* const* xp) {
+    const __m256i high_half = _mm256_set1_epi32(int(0xFFFF0000u));
+    __m256 w_odd[R], w_even[R];
+    for (int r = 0; r < R; ++r) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[r] + 16 * half));
+      w_odd[r] = _mm256_castsi256_ps(_mm256_and_si256(v, high_half));
+      w_even[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp[g] + 16 * half));
+      const __m256 x_odd = _mm256_castsi256_ps(_mm256_and_si256(v, high_half));
+      const __m256 x_even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      for (int r = 0; r < R; ++r) {
+        acc[r][g] = _mm256_fmadd_ps(w_odd[r], x_odd, acc[r][g]);
+        acc[r][g] = _mm256_fmadd_ps(w_even[r], x_even, acc[r][g]);
+      }
+    }
+  }
+  template <int R, int G>
+  __attribute__((target("avx2,fma"))) static void block(const uint16_t* const* w, const uint16_t* const* x, int64_t n,
+                                                       float* sums, int64_t stride) {
+    const int64_t whole = n / kBf16Chunk * kBf16Chunk;
+    uint16_t wt[R][kBf16Chunk], xt[G][kBf16Chunk];
+    if (whole < n) {
+      for (int r = 0; r < R; ++r) padded_tail(w[r], n, wt[r]);
+      for (int g = 0; g < G; ++g) padded_tail(x[g], n, xt[g]);
+    }
+    __m256 lanes[2][R][G];  // [half][weight row][x row]
+    for (int half = 0; half < 2; ++half) {
+      __m256 acc[R][G];
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_ps();
+      const uint16_t* wp[R];
+      const uint16_t* xp[G];
+      for (int64_t i = 0; i < whole; i += kBf16Chunk) {
+        if (half == 0) prefetch_next_block<R>(w, n, i);
+        for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
+        for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
+        step<R, G>(acc, half, wp, xp);
+      }
+      if (whole < n) {
+        for (int r = 0; r < R; ++r) wp[r] = wt[r];
+        for (int g = 0; g < G; ++g) xp[g] = xt[g];
+        step<R, G>(acc, half, wp, xp);
+      }
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < G; ++g) lanes[half][r][g] = acc[r][g];
+    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) sums[r * stride + g] = sum_lanes(lanes[0][r][g], lanes[1][r][g]);
+  }
+};
+
+// R weight rows against all `batch` rows of x, four at a time.
+template <class Kernel, int R>
+void bf16_weight_rows(const uint16_t* const* w, const uint16_t* const* x, int64_t batch, int64_t n, float* sums) {
+  int64_t b = 0;
+  for (; b + 4 <= batch; b += 4) Kernel::template block<R, 4>(w, x + b, n, sums + b, batch);
+  switch (batch - b) {
+    case 3: Kernel::template block<R, 3>(w, x + b, n, sums + b, batch); break;
+    case 2: Kernel::template block<R, 2>(w, x + b, n, sums + b, batch); break;
+    case 1: Kernel::template block<R, 1>(w, x + b, n, sums + b, batch); break;
+    default: break;
+  }
+}
+
+// Weight rows r .. r+count-1 (count <= Kernel::kWeightRows) against x's rows:
+// sums[k * batch + b].
+template <class Kernel>
+void bf16_block_rows(const uint16_t* w, int64_t r, int64_t count, const uint16_t* const* x, int64_t batch, int64_t n,
+                     float* sums) {
+  const uint16_t* block[Kernel::kWeightRows];
+  for (int k = 0; k < count; ++k) block[k] = w + (r + k) * n;
+  switch (count) {
+    case 6: if constexpr (Kernel::kWeightRows >= 6) bf16_weight_rows<Kernel, 6>(block, x, batch, n, sums); break;
+    case 5: if constexpr (Kernel::kWeightRows >= 5) bf16_weight_rows<Kernel, 5>(block, x, batch, n, sums); break;
+    case 4: if constexpr (Kernel::kWeightRows >= 4) bf16_weight_rows<Kernel, 4>(block, x, batch, n, sums); break;
+    case 3: if constexpr (Kernel::kWeightRows >= 3) bf16_weight_rows<Kernel, 3>(block, x, batch, n, sums); break;
+    case 2: bf16_weight_rows<Kernel, 2>(block, x, batch, n, sums); break;
+    case 1: bf16_weight_rows<Kernel, 1>(block, x, batch, n, sums); break;
+    default: throw Error("matvec: a bfloat16 block of " + std::to_string(count) + " weight rows");
+  }
+}
+#endif
+
+std::atomic<MatvecIsa> widest_allowed{MatvecIsa::Avx512Bf16};
 
 // ATen's own switch lowers this kernel too, so that an AVX-512 machine runs the AVX2 path.
 MatvecIsa isa_from_environment() {
@@ -241,26 +475,35 @@ MatvecIsa isa_from_environment() {
   const std::string named = capability ? capability : "";
   if (named == "default") return MatvecIsa::Portable;
   if (named == "avx2") return MatvecIsa::Avx2;
-  return MatvecIsa::Avx512;
+  return MatvecIsa::Avx512Bf16;
 }
 
 bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && isa_from_environment() == MatvecIsa::Avx512;
+  static const bool has = __builtin_cpu_supports("avx512f") && isa_from_environment() >= MatvecIsa::Avx512;
+  return has;
+}
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
   return has;
 }
 
 bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          isa_from_environment() >= MatvecIsa::Avx2;
   return has;
 }
 
-bool use_avx512() { return cpu_has_avx512() && widest_allowed.load(std::memory_order_relaxed) == MatvecIsa::Avx512; }
+MatvecIsa widest() { return widest_allowed.load(std::memory_order_relaxed); }
+bool use_avx512() { return cpu_has_avx512() && widest() >= MatvecIsa::Avx512; }
+bool use_bf16_dot() { return cpu_has_avx512_bf16() && widest() >= MatvecIsa::Avx512Bf16; }
+bool use_avx2() { return cpu_has_avx2_fma() && widest() >= MatvecIsa::Avx2; }
 #endif
 
 template <typename W>
 float dot(const W* w, const float* x, int64_t n) {
 #ifdef KVEVICT_MATVEC_AVX2
-  if (cpu_has_avx2_fma()) return dot_avx2(w, x, n);
+  if (use_avx2()) return dot_avx2(w, x, n);
 #endif
   return dot_portable(w, x, n);
 }
@@ -272,7 +515,7 @@ inline void store(c10::BFloat16* y, float value) { *y = c10::BFloat16(value); } 
 template <typename W>
 void dot_rows(const W* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
 #ifdef KVEVICT_MATVEC_AVX2
-  if (cpu_has_avx2_fma()) {
+  if (use_avx2()) {
     int64_t b = 0;
     for (; b + 3 <= batch; b += 3) dot_rows_avx2<3>(w, x + b, n, sums + b);
     if (batch - b == 2) dot_rows_avx2<2>(w, x + b, n, sums + b);
@@ -304,7 +547,7 @@ void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x
       default: break;
     }
   }
-  if (cpu_has_avx2_fma() && count == kBlockWeightRows && batch >= kBlockXRows) {
+  if (use_avx2() && count == kBlockWeightRows && batch >= kBlockXRows) {
     int64_t b = 0;
     for (; b + kBlockXRows <= batch; b += kBlockXRows)
       dot_block_avx2<kBlockWeightRows, kBlockXRows>(block, x + b, n, sums + b, batch);
@@ -338,12 +581,49 @@ void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int6
   });
 }
 
+// bfloat16 weights [out, in] times `batch` bfloat16 rows of x, into y [batch, out]; each
+// weight row is read once for all rows of x, by the widest kernel of the order above.
+void rows_bf16(const uint16_t* w, const uint16_t* x, const uint16_t* bias, c10::BFloat16* y, int64_t batch,
+               int64_t out, int64_t in) {
+  using BlockRows = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t* const*, int64_t, int64_t, float*);
+  BlockRows block_rows = nullptr;
+  int weight_rows = 1;
+#ifdef KVEVICT_MATVEC_AVX2
+  if (use_bf16_dot())
+    block_rows = bf16_block_rows<Bf16Dot>, weight_rows = Bf16Dot::kWeightRows;
+  else if (use_avx512())
+    block_rows = bf16_block_rows<Bf16Avx512>, weight_rows = Bf16Avx512::kWeightRows;
+  else if (use_avx2())
+    block_rows = bf16_block_rows<Bf16Avx2>, weight_rows = Bf16Avx2::kWeightRows;
+#endif
+  const int64_t grain = std::max<int64_t>(1, (int64_t{128} << 10) / std::max<int64_t>(1, in * 2));
+  std::vector<const uint16_t*> x_rows(static_cast<size_t>(batch));  // [batch]: row b of x
+  for (int64_t b = 0; b < batch; ++b) x_rows[b] = x + b * in;
+  at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(static_cast<size_t>(weight_rows * batch));  // [weight rows][batch]
+    for (int64_t r = begin; r < end; r += weight_rows) {
+      const int64_t count = std::min<int64_t>(weight_rows, end - r);
+      if (block_rows)
+        block_rows(w, r, count, x_rows.data(), batch, in, sums.data());
+      else
+        for (int64_t b = 0; b < batch; ++b) sums[b] = dot_bf16_portable(w + r * in, x_rows[b], in);
+      for (int64_t k = 0; k < count; ++k)
+        for (int64_t b = 0; b < batch; ++b) {
+          float sum = sums[k * batch + b];
+          if (bias) sum += widen(bias[r + k]);
+          store(y + b * out + r + k, sum);
+        }
+    }
+  });
+}
+
 }  // namespace
 
 MatvecIsa matvec_isa() {
 #ifdef KVEVICT_MATVEC_AVX2
+  if (use_bf16_dot()) return MatvecIsa::Avx512Bf16;
   if (use_avx512()) return MatvecIsa::Avx512;
-  if (cpu_has_avx2_fma()) return MatvecIsa::Avx2;
+  if (use_avx2()) return MatvecIsa::Avx2;
 #endif
   return MatvecIsa::Portable;
 }
@@ -383,10 +663,8 @@ torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const 
          y.data_ptr<float>(), batch, out, in);
   } else {
     auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    std::vector<float> x32(static_cast<size_t>(batch * in));  // [batch, in]: bfloat16 widens exactly; no ATen op per call
-    const uint16_t* xb = bits(xc);
-    for (int64_t i = 0; i < batch * in; ++i) x32[i] = widen(xb[i]);
-    rows(bits(weight), x32.data(), bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), batch, out, in);
+    rows_bf16(bits(weight), bits(xc), bias.defined() ? bits(bias) : nullptr, y.data_ptr<at::BFloat16>(), batch, out,
+              in);
   }
   return y;
 }

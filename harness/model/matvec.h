@@ -2,8 +2,11 @@
 // batched step, each weight row read once for all of them. A decode
 // step is bound by reading the weights once; torch::linear on one bf16 row (oneDNN)
 // and torch::mv reach about half and two thirds of the read bandwidth here, this
-// kernel reaches it: each weight row is one sequential stream, widened to float32 and
-// accumulated in float32, and threads split the output rows.
+// kernel reaches it: each weight row is one sequential stream, accumulated in float32,
+// and threads split the output rows. Large batches are bound by the multiply-adds
+// instead: bfloat16 takes the AVX512-BF16 dot product where the CPU has it (two
+// multiply-adds per float32 lane and instruction, no widening), in an order that the
+// other kernels follow too (matvec.cpp).
 #pragma once
 #include "harness/model/tensor.h"
 
@@ -18,18 +21,22 @@ bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const
 // [B, out] (a decode step's rows, with no reshaping op around the call). Each weight row
 // is read once for all B rows. Every output is a float32 sum in a fixed order, rounded
 // once to the dtype, the same for row b of a [B, in] x as for that row alone, so the
-// result depends neither on the thread count nor on the batch.
+// result depends neither on the thread count nor on the batch. float32 and bfloat16 sum in
+// different orders (bfloat16 in vdpbf16ps's pairs), each the same in every kernel of its dtype.
 torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias = {});
 
-// The vector instructions matvec() runs: AVX-512 where the CPU has it, else AVX2 with
-// FMA, else portable C++. AVX-512 and AVX2 give the same bits (the AVX-512 kernel keeps
-// the AVX2 kernel's accumulators, two to a register); the portable loop sums in another
-// order. ATEN_CPU_CAPABILITY=avx2 (or default) keeps AVX-512 off, as it does for ATen.
-enum class MatvecIsa { Portable, Avx2, Avx512 };
+// The vector instructions matvec() runs: AVX-512 where the CPU has it (with AVX512-BF16's
+// dot product for bfloat16 where it has that too), else AVX2 with FMA, else portable C++.
+// float32: AVX-512 and AVX2 give the same bits (the AVX-512 kernel keeps the AVX2
+// kernel's accumulators, two to a register); its portable loop sums in another order.
+// bfloat16: every level gives the same bits, the portable loop too (except where vdpbf16ps
+// flushes a denormal to zero). ATEN_CPU_CAPABILITY=avx2 (or default) keeps AVX-512 off,
+// as it does for ATen.
+enum class MatvecIsa { Portable, Avx2, Avx512, Avx512Bf16 };
 MatvecIsa matvec_isa();
 
-// Tests: no wider than `widest` from now on (Avx512 lifts the limit), so one machine
-// checks that both kernels give the same bits.
+// Tests: no wider than `widest` from now on (Avx512Bf16 lifts the limit), so one machine
+// checks that its kernels give the same bits.
 void limit_matvec_isa(MatvecIsa widest);
 
 }  // namespace kvevict
