@@ -14,6 +14,9 @@ machine's limits are measured in the same run by kvevict (read bandwidth: batch-
 decode's limit; the FMA peak: large batches' and prefill's) and every row is shown as a
 share of the roofline those give. Both run on `threads` threads.
 
+With --baseline BINARY, an earlier kvevict build runs each row too, in the same rounds,
+so one run gives the table before and after a change (its own columns).
+
 llama.cpp is a peer only: built outside this repository (README "Against llama.cpp"),
 found by --llama-cpp DIR or LLAMA_CPP_DIR (DIR/build/bin/llama-bench and
 llama-batched-bench, DIR/gguf-py). Without it, the bench says how to build it and
@@ -30,8 +33,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_KEYS = {"comment", "description", "shapes", "dtypes", "decode_batch_sizes", "decode_prompt", "decode_tokens",
-               "prefill_tokens", "prefill_policies", "budget", "repeat", "threads", "bandwidth_MiB",
-               "llama_cpp_flash_attn"}
+               "prefill_tokens", "prefill_policies", "prefill_protocols", "budget", "repeat", "threads",
+               "bandwidth_MiB", "llama_cpp_flash_attn"}
+PROTOCOLS = ("prefill-compress", "stream")
 SHAPE_KEYS = {"layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"}
 GGUF_TYPE = {"float32": "f32", "bfloat16": "bf16"}
 BUILD_HINT = """llama.cpp is not built, so its column is left empty. To build it (outside this repository):
@@ -65,6 +69,9 @@ def read_config(path):
         missing = sorted(SHAPE_KEYS - set(shape))
         if unknown or missing:
             fail(f"{path}: shapes.{name}: " + (f"unknown key \"{unknown[0]}\"" if unknown else f"missing \"{missing[0]}\""))
+    for protocol in config.get("prefill_protocols", []):
+        if protocol not in PROTOCOLS:
+            fail(f"{path}: prefill_protocols: \"{protocol}\" is not one of {list(PROTOCOLS)}")
     for dtype in config.get("dtypes", []):
         if dtype not in GGUF_TYPE:
             fail(f"{path}: dtypes: \"{dtype}\" is not one of {sorted(GGUF_TYPE)}")
@@ -183,7 +190,7 @@ def share(value, limit):
 def label_of(spec, budget):
     if "decode_batch" in spec:
         return f"decode B={spec['decode_batch']}"
-    policy = "" if spec["policy"] == "full" else f" {spec['policy']} {budget}"
+    policy = "" if spec["policy"] == "full" else f" {spec['policy']} {budget} {spec.get('protocol', PROTOCOLS[0])}"
     return f"prefill T={spec['prefill']}{policy}"
 
 
@@ -195,6 +202,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=os.path.join(REPO, "configs", "bench_peer.json"))
     parser.add_argument("--kvevict", default=os.path.join(REPO, "build", "kvevict"), help="the kvevict binary")
+    parser.add_argument("--baseline", help="an earlier kvevict binary, measured in the same rounds (before/after)")
     parser.add_argument("--llama-cpp", default=os.environ.get("LLAMA_CPP_DIR", ""),
                         help="llama.cpp checkout with build/bin (default: $LLAMA_CPP_DIR)")
     parser.add_argument("--models", default=os.path.join(REPO, "build", "peer"), help="where the checkpoints are written")
@@ -230,6 +238,7 @@ def main():
     repeat = args.repeat or config.get("repeat", 3)
     threads = args.threads or config.get("threads", 2)
     budget = config.get("budget", 0.2)
+    protocols = config.get("prefill_protocols", [PROTOCOLS[0]])
     flash_attn = config.get("llama_cpp_flash_attn", "on")
     if flash_attn not in ("on", "off"):
         fail(f"{args.config}: llama_cpp_flash_attn must be \"on\" or \"off\"")
@@ -237,6 +246,9 @@ def main():
         fail(f"--kvevict {args.kvevict}: no such binary (cmake --build build --target kvevict)")
 
     kvevict = Kvevict(args.kvevict, threads)
+    if args.baseline and not os.access(args.baseline, os.X_OK):
+        fail(f"--baseline {args.baseline}: no such binary")
+    baseline = Kvevict(args.baseline, threads) if args.baseline else None
     llama = LlamaCpp(args.llama_cpp, threads, flash_attn) if args.llama_cpp else None
     if llama and not llama.available():
         log(f"--llama-cpp {args.llama_cpp}: no build/bin/llama-bench and llama-batched-bench there")
@@ -271,13 +283,21 @@ def main():
         for dtype in dtypes:
             rows = [{"decode_batch": b, "prompt": prompt, "tokens": steps} for b in batches]
             for t in prefills:
-                rows += [{"prefill": t, "policy": p, "budget": budget} for p in ["full"] + policies]
+                rows.append({"prefill": t, "policy": "full"})
+                for p in policies:
+                    for protocol in protocols:
+                        row = {"prefill": t, "policy": p, "budget": budget}
+                        if protocol != PROTOCOLS[0]:  # the default: a baseline older than the key reads the row
+                            row["protocol"] = protocol
+                        rows.append(row)
             # The limits again after each dtype's rows: on a shared machine a probe that
             # falls in a busy stretch reads low, and the table uses the highest reading.
             readings.append(kvevict.rows(None, "float32", [limits_row])[0])
             for spec in rows:
-                best_k, best_l, kv_row = 0.0, 0.0, None
+                best_k, best_l, best_b, kv_row = 0.0, 0.0, 0.0, None
                 for _ in range(repeat):
+                    if baseline and "protocol" not in spec:
+                        best_b = max(best_b, baseline.rows(model, dtype, [spec])[0]["tokens_per_s"])
                     got = kvevict.rows(model, dtype, [spec])[0]
                     if got["tokens_per_s"] > best_k:
                         best_k, kv_row = got["tokens_per_s"], got
@@ -287,9 +307,10 @@ def main():
                         else:
                             speed = llama.prefill(ggufs[dtype], spec["prefill"])
                         best_l = max(best_l, speed)
-                measured.append((name, dtype, spec, best_k, best_l, kv_row, load_average()))
+                measured.append((name, dtype, spec, best_k, best_l, best_b, kv_row, load_average()))
+                before = f" baseline {fmt(best_b)}" if baseline else ""
                 log(f"row {name} {dtype} {label_of(spec, budget)} kvevict {fmt(best_k)} llama.cpp {fmt(best_l)} "
-                    f"ratio {ratio(best_k, best_l)} load_average {load_average()}")
+                    f"ratio {ratio(best_k, best_l)}{before} load_average {load_average()}")
     end = kvevict.rows(None, "float32", [limits_row])[0]
     log(f"limits (end) read_GB_per_s {end['read_GB_per_s']:.1f} fma_f32_GFLOP_per_s {end['fma_f32_GFLOP_per_s']:.1f} "
         f"load_average {load_average()} minutes {(time.time() - started) / 60:.1f}")
@@ -304,7 +325,7 @@ def main():
     # FMAs) is their compute limit where it exists, whatever either engine uses.
     bf16_dot = max(r.get("bf16_dot_GFLOP_per_s", 0) for r in readings) * 1e9
     table = []
-    for name, dtype, spec, best_k, best_l, kv_row, load in measured:
+    for name, dtype, spec, best_k, best_l, best_b, kv_row, load in measured:
         peak, peak_name = (bf16_dot, "bf16 dot") if dtype == "bfloat16" and bf16_dot > 0 else (fma, "FMA")
         # The roofline: a decode step reads the weights once and each sequence's cache
         # (about prompt + steps/2 rows) and does its products; a prefill is bound by its FLOPs.
@@ -320,10 +341,12 @@ def main():
             limit = spec["prefill"] * peak / kv_row["flops"]
             bound = peak_name
             attention = kv_row["attention_seconds"] / kv_row["seconds"]
-        table.append([name, dtype, label_of(spec, budget), fmt(best_k), fmt(best_l), ratio(best_k, best_l), fmt(limit),
-                      bound, share(best_k, limit), share(best_l, limit), f"{100 * attention:.0f}%", load])
-    header = ["shape", "dtype", "row", "kvevict tok/s", "llama.cpp tok/s", "kvevict/llama.cpp", "roofline tok/s",
-              "bound", "kvevict of roofline", "llama.cpp of roofline", "kvevict attention", "load average"]
+        before = [fmt(best_b), ratio(best_b, best_l)] if baseline else []
+        table.append([name, dtype, label_of(spec, budget)] + before + [fmt(best_k), fmt(best_l), ratio(best_k, best_l),
+                     fmt(limit), bound, share(best_k, limit), share(best_l, limit), f"{100 * attention:.0f}%", load])
+    header = ["shape", "dtype", "row"] + (["baseline tok/s", "baseline/llama.cpp"] if baseline else []) + [
+        "kvevict tok/s", "llama.cpp tok/s", "kvevict/llama.cpp", "roofline tok/s", "bound", "kvevict of roofline",
+        "llama.cpp of roofline", "kvevict attention", "load average"]
     print()
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

@@ -82,7 +82,8 @@ TEST_CASE("bench with peer_rows prints the machine's limits and each decode and 
   for (const std::string dtype : {"float32", "bfloat16"}) {
     std::ofstream(config) << R"({"model": ")" << dir << R"(/model", "dtype": ")" << dtype << R"(", "peer_rows": [
         {"limits": true, "bandwidth_MiB": 16}, {"decode_batch": 3, "prompt": 8, "tokens": 5},
-        {"prefill": 40}, {"prefill": 40, "policy": "h2o", "budget": 0.25}]})";
+        {"prefill": 40}, {"prefill": 40, "policy": "h2o", "budget": 0.25},
+        {"prefill": 40, "policy": "h2o", "budget": 0.25, "protocol": "stream"}]})";
     const auto r = test::run_kvevict("bench --threads 2 --config " + config);
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
@@ -97,19 +98,30 @@ TEST_CASE("bench with peer_rows prints the machine's limits and each decode and 
     CHECK(field(r.out, "decode", "kv_bytes_per_token") == 2 * 2 * 2 * 16 * (dtype == "float32" ? 4 : 2));
     CHECK(field(r.out, "decode", "linear_flops_per_token") == 2.0 * (2 * (2 * 4096 + 2 * 2048 + 3 * 6144) + 19200));
     CHECK(field(r.out, "decode", "attention_flops_per_pair") == 2 * 2 * 4 * 16 * 2);
-    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype + " T 40 policy full tokens_per_s"));
-    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype + " T 40 policy h2o tokens_per_s"));
-    // The full cache holds the prompt; h2o compresses it to its budget of 25%.
-    CHECK(r.out.find("policy full") != std::string::npos);
-    const size_t full_line = r.out.find("policy full"), h2o_line = r.out.find("policy h2o");
-    CHECK(r.out.substr(full_line, r.out.find('\n', full_line) - full_line).find(" kept_tokens 40 ") != std::string::npos);
-    CHECK(r.out.substr(h2o_line, r.out.find('\n', h2o_line) - h2o_line).find(" kept_tokens 10 ") != std::string::npos);
+    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype +
+                                      " T 40 policy full protocol prefill-compress tokens_per_s"));
+    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype +
+                                      " T 40 policy h2o protocol prefill-compress tokens_per_s"));
+    CHECK_THAT(r.out, Catch::Contains("peer_row prefill dtype " + dtype + " T 40 policy h2o protocol stream tokens_per_s"));
+    // The full cache holds the prompt; h2o compresses it to its budget of 25%, after the
+    // prefill or, streaming, from its first token on (the attention is then cheaper).
+    auto line_of = [&](const std::string& what) {
+      const size_t at = r.out.find(what);
+      return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
+    };
+    CHECK(line_of("policy full").find(" kept_tokens 40 ") != std::string::npos);
+    CHECK(line_of("policy h2o protocol prefill-compress").find(" kept_tokens 10 ") != std::string::npos);
+    CHECK(line_of("policy h2o protocol stream").find(" kept_tokens 10 ") != std::string::npos);
     CHECK(field(r.out, "prefill", "flops") == 40 * 161280.0 + 512.0 * 40 * 41 / 2);
   }
   std::ofstream(config) << R"({"peer_rows": [{"limits": true, "prefill": 40}]})";
   const auto two_kinds = test::run_kvevict("bench --config " + config);
   CHECK(two_kinds.exit_code == 1);
   CHECK_THAT(two_kinds.err, Catch::Contains("\"peer_rows\" row 0: give exactly one of"));
+  std::ofstream(config) << R"({"model": ")" << dir << R"(/model", "peer_rows": [{"prefill": 8, "protocol": "flow"}]})";
+  const auto bad_protocol = test::run_kvevict("bench --config " + config);
+  CHECK(bad_protocol.exit_code == 1);
+  CHECK_THAT(bad_protocol.err, Catch::Contains("\"protocol\"") && Catch::Contains("flow"));
   std::ofstream(config) << R"({"peer_rows": [{"decode_batch": 2}]})";
   const auto no_model = test::run_kvevict("bench --config " + config);
   CHECK(no_model.exit_code == 1);

@@ -575,9 +575,29 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
 // (read bandwidth, FMA peak); a "decode_batch" row times `tokens` decode steps of B
 // sequences, each in its own full cache after its own `prompt` random tokens (as
 // llama-batched-bench does); a "prefill" row times one forward of `prefill` random tokens
-// into a cache under `policy` (prefill-compress at `budget` for an evicting one).
+// into a cache under `policy` at `budget` for an evicting one, by `protocol`:
+// prefill-compress (full attention, then compressed) or stream (evicting from the first token).
 const std::vector<std::string> kPeerRowKeys = {"limits", "bandwidth_MiB", "decode_batch", "prompt", "tokens",
-                                               "prefill", "policy", "budget"};
+                                               "prefill", "policy", "budget", "protocol"};
+
+// The wall time a backend spends in attend(): the attention part of a pass, whatever the backend.
+class TimedAttention : public AttentionBackend {
+ public:
+  explicit TimedAttention(AttentionBackend& inner) : inner_(inner) {}
+  torch::Tensor attend(int layer, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       int64_t start) override {
+    inner_.set_sliding_window(sliding_window());
+    const auto t0 = Clock::now();
+    torch::Tensor out = inner_.attend(layer, q, k, v, start);
+    seconds_ += seconds_since(t0);
+    return out;
+  }
+  double seconds() const { return seconds_; }
+
+ private:
+  AttentionBackend& inner_;
+  double seconds_ = 0;
+};
 
 int bench_peer_rows(const BenchArgs& args, const ConfigObject& config) {
   constexpr long long kMost = std::numeric_limits<int>::max();
@@ -655,18 +675,37 @@ int bench_peer_rows(const BenchArgs& args, const ConfigObject& config) {
     } else {
       const int T = row.integer("prefill", 512, 1, kMost);
       const std::string name = row.text("policy", reference_policy_name());
+      const std::string protocol_text = row.text("protocol", protocol_name(Protocol::PrefillCompress));
+      Protocol protocol;
+      try {
+        protocol = parse_protocol(protocol_text);
+      } catch (const Error& e) {
+        throw Error(row.name("protocol") + ": " + e.what());
+      }
       PolicyOptions options;
       if (name != reference_policy_name()) options.budget.ratio = row.number("budget", 0.2, 0, 1);
       const auto policy = make_policy(name, options);
       const Model& m = loaded();
       const auto tokens = random_tokens(T, static_cast<int>(m.arch().vocab), 11);
-      CacheAttention cache(m, *policy, shape_for(m, T, T));
+      // A decode cache takes a block only up to the end of the prefill: streaming, it would
+      // be T one-token steps. Sim mode runs the stream protocol in one teacher-forced pass,
+      // as eval --mode sim does, and that pass is what is timed.
+      std::unique_ptr<CacheAttention> cache;
+      std::unique_ptr<SimAttention> sim;
+      if (protocol == Protocol::Stream)
+        sim = std::make_unique<SimAttention>(m, *policy, shape_for(m, T, 0));
+      else
+        cache = std::make_unique<CacheAttention>(m, *policy, shape_for(m, T, T));
+      AttentionBackend& inner = cache ? static_cast<AttentionBackend&>(*cache) : *sim;
+      TimedAttention timed(inner);
       const auto t0 = Clock::now();
-      m.forward(tokens, 0, cache);
+      m.forward(tokens, 0, timed);
       const double seconds = seconds_since(t0);
+      const KvStats* stats = sim ? &sim->stats() : nullptr;
+      const int64_t kept = cache ? cache->cached_tokens(0) : stats->kept_per_layer.empty() ? T : stats->kept_per_layer[0];
       std::cout << "peer_row prefill dtype " << config.text("dtype", args.runtime.options.dtype) << " T " << T
-                << " policy " << name << " tokens_per_s " << T / seconds << " seconds " << seconds
-                << " attention_seconds " << cache.attention_seconds() << " kept_tokens " << cache.cached_tokens(0)
+                << " policy " << name << " protocol " << protocol_name(protocol) << " tokens_per_s " << T / seconds << " seconds " << seconds
+                << " attention_seconds " << timed.seconds() << " kept_tokens " << kept
                 << " flops " << std::setprecision(1) << forward_flops(m.arch(), T) << std::setprecision(4)
                 << model_costs(m) << " load_average " << load_average() << std::endl;
     }
