@@ -183,31 +183,42 @@ __attribute__((target("avx512f"), always_inline)) inline __m256 upper_half(__m51
   return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 }
 
+// The AVX-512 float32 block: R weight rows x G rows of x. The two halves of each 32-float
+// step (accumulators 0|1, floats 0..15; 2|3, floats 16..31) are independent sums, so
+// they run one after the other over the whole row: R*G registers a half instead of
+// 2*R*G, which leaves room for six weight rows against four x rows with each x vector
+// held in a register for its six products (a profile of batch 32 showed the previous 3 x 4
+// block loading x once per product, 30 loads per 24 FMAs, more than the load ports take).
+// Only the first x group of a weight block prefetches the next block (prefetch=true);
+// the later groups find the block in cache.
+constexpr int kAvx512WeightRows = 6;
+
 template <int R, int G, typename W>
 __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const* w, const float* const* x, int64_t n,
-                                                                  float* sums, int64_t stride) {
-  __m512 low[R][G], high[R][G];  // accumulators 0|1 and 2|3 of each (weight row, x row)
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) low[r][g] = high[r][g] = _mm512_setzero_ps();
+                                                                  float* sums, int64_t stride, bool prefetch) {
+  __m512 halves[2][R][G];  // [half][weight row][x row]: accumulators 0|1, then 2|3
   const int64_t whole = n / 32 * 32;
-  for (int64_t i = 0; i < whole; i += 32) {
-    prefetch_next_block<R>(w, n, i);
-    __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i);
-    for (int g = 0; g < G; ++g) {
-      const __m512 xv = _mm512_loadu_ps(x[g] + i);
-      for (int r = 0; r < R; ++r) low[r][g] = _mm512_fmadd_ps(wv[r], xv, low[r][g]);
+  for (int half = 0; half < 2; ++half) {
+    __m512 acc[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+    for (int64_t i = 16 * half; i < whole; i += 32) {
+      if (prefetch && half == 0) prefetch_next_block<R>(w, n, i);
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i);
+      for (int g = 0; g < G; ++g) {
+        __m512 xv = _mm512_loadu_ps(x[g] + i);
+        asm("" : "+v"(xv));  // kept in a register for its R products, not reloaded as each one's operand
+        for (int r = 0; r < R; ++r) acc[r][g] = _mm512_fmadd_ps(wv[r], xv, acc[r][g]);
+      }
     }
-    for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i + 16);
-    for (int g = 0; g < G; ++g) {
-      const __m512 xv = _mm512_loadu_ps(x[g] + i + 16);
-      for (int r = 0; r < R; ++r) high[r][g] = _mm512_fmadd_ps(wv[r], xv, high[r][g]);
-    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) halves[half][r][g] = acc[r][g];
   }
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) {
-      __m256 a0 = _mm512_castps512_ps256(low[r][g]), a1 = upper_half(low[r][g]);
-      const __m256 a2 = _mm512_castps512_ps256(high[r][g]), a3 = upper_half(high[r][g]);
+      __m256 a0 = _mm512_castps512_ps256(halves[0][r][g]), a1 = upper_half(halves[0][r][g]);
+      const __m256 a2 = _mm512_castps512_ps256(halves[1][r][g]), a3 = upper_half(halves[1][r][g]);
       int64_t i = whole;
       for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(w[r] + i), _mm256_loadu_ps(x[g] + i), a0);
       const __m256 acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
@@ -224,11 +235,12 @@ template <int R, typename W>
 void weight_rows_avx512(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
   static_assert(kBlockXRows == 4, "the remainder's cases below");
   int64_t b = 0;
-  for (; b + kBlockXRows <= batch; b += kBlockXRows) dot_block_avx512<R, kBlockXRows>(w, x + b, n, sums + b, batch);
+  for (; b + kBlockXRows <= batch; b += kBlockXRows)
+    dot_block_avx512<R, kBlockXRows>(w, x + b, n, sums + b, batch, b == 0);
   switch (batch - b) {
-    case 3: dot_block_avx512<R, 3>(w, x + b, n, sums + b, batch); break;
-    case 2: dot_block_avx512<R, 2>(w, x + b, n, sums + b, batch); break;
-    case 1: dot_block_avx512<R, 1>(w, x + b, n, sums + b, batch); break;
+    case 3: dot_block_avx512<R, 3>(w, x + b, n, sums + b, batch, b == 0); break;
+    case 2: dot_block_avx512<R, 2>(w, x + b, n, sums + b, batch, b == 0); break;
+    case 1: dot_block_avx512<R, 1>(w, x + b, n, sums + b, batch, b == 0); break;
     default: break;
   }
 }
@@ -297,7 +309,7 @@ struct Bf16Dot {
   template <int R, int G>
   __attribute__((target("avx512f,avx512bf16,avx2,fma"))) static void block(const uint16_t* const* w,
                                                                           const uint16_t* const* x, int64_t n,
-                                                                          float* sums, int64_t stride) {
+                                                                          float* sums, int64_t stride, bool prefetch) {
     __m512 acc[R][G];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -305,7 +317,7 @@ struct Bf16Dot {
     const uint16_t* wp[R];
     const uint16_t* xp[G];
     for (int64_t i = 0; i < whole; i += kBf16Chunk) {
-      prefetch_next_block<R>(w, n, i);
+      if (prefetch) prefetch_next_block<R>(w, n, i);
       for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
       for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
       step<R, G>(acc, wp, xp);
@@ -349,7 +361,7 @@ struct Bf16Avx512 {
   }
   template <int R, int G>
   __attribute__((target("avx512f,avx2,fma"))) static void block(const uint16_t* const* w, const uint16_t* const* x,
-                                                               int64_t n, float* sums, int64_t stride) {
+                                                               int64_t n, float* sums, int64_t stride, bool prefetch) {
     __m512 acc[R][G];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -357,7 +369,7 @@ struct Bf16Avx512 {
     const uint16_t* wp[R];
     const uint16_t* xp[G];
     for (int64_t i = 0; i < whole; i += kBf16Chunk) {
-      prefetch_next_block<R>(w, n, i);
+      if (prefetch) prefetch_next_block<R>(w, n, i);
       for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
       for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
       step<R, G>(acc, wp, xp);
@@ -402,7 +414,7 @@ struct Bf16Avx2 {
   }
   template <int R, int G>
   __attribute__((target("avx2,fma"))) static void block(const uint16_t* const* w, const uint16_t* const* x, int64_t n,
-                                                       float* sums, int64_t stride) {
+                                                       float* sums, int64_t stride, bool prefetch) {
     const int64_t whole = n / kBf16Chunk * kBf16Chunk;
     uint16_t wt[R][kBf16Chunk], xt[G][kBf16Chunk];
     if (whole < n) {
@@ -417,7 +429,7 @@ struct Bf16Avx2 {
       const uint16_t* wp[R];
       const uint16_t* xp[G];
       for (int64_t i = 0; i < whole; i += kBf16Chunk) {
-        if (half == 0) prefetch_next_block<R>(w, n, i);
+        if (half == 0 && prefetch) prefetch_next_block<R>(w, n, i);
         for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
         for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
         step<R, G>(acc, half, wp, xp);
@@ -439,11 +451,12 @@ struct Bf16Avx2 {
 template <class Kernel, int R>
 void bf16_weight_rows(const uint16_t* const* w, const uint16_t* const* x, int64_t batch, int64_t n, float* sums) {
   int64_t b = 0;
-  for (; b + 4 <= batch; b += 4) Kernel::template block<R, 4>(w, x + b, n, sums + b, batch);
+  // Only the first group prefetches the next weight block: the later ones find this one in cache.
+  for (; b + 4 <= batch; b += 4) Kernel::template block<R, 4>(w, x + b, n, sums + b, batch, b == 0);
   switch (batch - b) {
-    case 3: Kernel::template block<R, 3>(w, x + b, n, sums + b, batch); break;
-    case 2: Kernel::template block<R, 2>(w, x + b, n, sums + b, batch); break;
-    case 1: Kernel::template block<R, 1>(w, x + b, n, sums + b, batch); break;
+    case 3: Kernel::template block<R, 3>(w, x + b, n, sums + b, batch, b == 0); break;
+    case 2: Kernel::template block<R, 2>(w, x + b, n, sums + b, batch, b == 0); break;
+    case 1: Kernel::template block<R, 1>(w, x + b, n, sums + b, batch, b == 0); break;
     default: break;
   }
 }
@@ -535,12 +548,16 @@ template <typename W>
 void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x, int64_t batch, int64_t n,
                      float* sums) {
 #ifdef KVEVICT_MATVEC_AVX2
-  const W* block[kBlockWeightRows];  // weight rows r .. r+count-1, count <= kBlockWeightRows
+  const W* block[kAvx512WeightRows];  // weight rows r .. r+count-1, count <= weight_rows_per_block(batch)
   for (int k = 0; k < count; ++k) block[k] = w + (r + k) * n;
   // Fewer than 4 rows of x stay with dot_avx2 and dot_rows_avx2, which read the weights
   // at the bandwidth; the AVX-512 blocks, with their prefetch, were slower there.
   if (use_avx512() && batch >= kBlockXRows) {
+    static_assert(kAvx512WeightRows == 6, "the cases below");
     switch (count) {
+      case 6: weight_rows_avx512<6>(block, x, batch, n, sums); return;
+      case 5: weight_rows_avx512<5>(block, x, batch, n, sums); return;
+      case 4: weight_rows_avx512<4>(block, x, batch, n, sums); return;
       case 3: weight_rows_avx512<3>(block, x, batch, n, sums); return;
       case 2: weight_rows_avx512<2>(block, x, batch, n, sums); return;
       case 1: weight_rows_avx512<1>(block, x, batch, n, sums); return;
@@ -559,6 +576,14 @@ void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x
   for (int64_t k = 0; k < count; ++k) dot_rows(w + (r + k) * n, x, batch, n, sums + k * batch);
 }
 
+// Weight rows per call of dot_weight_rows: the AVX-512 block's six from 4 rows of x on.
+int weight_rows_per_block(int64_t batch) {
+#ifdef KVEVICT_MATVEC_AVX2
+  if (use_avx512() && batch >= kBlockXRows) return kAvx512WeightRows;
+#endif
+  return kBlockWeightRows;
+}
+
 template <typename W, typename Out>
 void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int64_t out, int64_t in) {
   // A chunk of at least 128 KiB of weights: smaller ones cost more to hand to a thread
@@ -566,10 +591,11 @@ void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int6
   const int64_t grain = std::max<int64_t>(1, (int64_t{128} << 10) / std::max<int64_t>(1, in * int64_t(sizeof(W))));
   std::vector<const float*> x_rows(static_cast<size_t>(batch));  // [batch]: row b of x
   for (int64_t b = 0; b < batch; ++b) x_rows[b] = x + b * in;
+  const int64_t block_rows = weight_rows_per_block(batch);
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(static_cast<size_t>(kBlockWeightRows * batch));  // [weight rows][batch]
-    for (int64_t r = begin; r < end; r += kBlockWeightRows) {
-      const int64_t count = std::min<int64_t>(kBlockWeightRows, end - r);
+    std::vector<float> sums(static_cast<size_t>(block_rows * batch));  // [weight rows][batch]
+    for (int64_t r = begin; r < end; r += block_rows) {
+      const int64_t count = std::min<int64_t>(block_rows, end - r);
       dot_weight_rows(w, r, count, x_rows.data(), batch, in, sums.data());
       for (int64_t k = 0; k < count; ++k)
         for (int64_t b = 0; b < batch; ++b) {
