@@ -33,7 +33,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_KEYS = {"comment", "description", "shapes", "dtypes", "decode_batch_sizes", "decode_prompt", "decode_tokens",
-               "prefill_tokens", "prefill_policies", "prefill_protocols", "budget", "repeat", "threads",
+               "prefill_tokens", "prefill_policies", "prefill_protocols", "decode_policies", "budget", "repeat",
+               "threads",
                "bandwidth_MiB", "llama_cpp_flash_attn"}
 PROTOCOLS = ("prefill-compress", "stream")
 SHAPE_KEYS = {"layers", "hidden", "heads", "kv_heads", "intermediate", "vocab"}
@@ -189,9 +190,15 @@ def share(value, limit):
 
 def label_of(spec, budget):
     if "decode_batch" in spec:
-        return f"decode B={spec['decode_batch']}"
+        policy = f" {spec['policy']} {budget}" if spec.get("policy", "full") != "full" else ""
+        return f"decode B={spec['decode_batch']}{policy}"
     policy = "" if spec["policy"] == "full" else f" {spec['policy']} {budget} {spec.get('protocol', PROTOCOLS[0])}"
     return f"prefill T={spec['prefill']}{policy}"
+
+
+def baseline_reads(spec):
+    """Whether a kvevict from before the decode rows' policy and the prefill rows' protocol takes the row."""
+    return "protocol" not in spec and not ("decode_batch" in spec and "policy" in spec)
 
 
 def fmt(value):
@@ -211,6 +218,7 @@ def main():
     parser.add_argument("--batch-sizes", help="comma-separated, overrides decode_batch_sizes")
     parser.add_argument("--prefill", help="comma-separated prefill lengths, overrides prefill_tokens (0: none)")
     parser.add_argument("--prefill-policies", help="comma-separated, overrides prefill_policies ('' for none)")
+    parser.add_argument("--decode-policies", help="comma-separated, overrides decode_policies ('' for none)")
     parser.add_argument("--decode-tokens", type=int, help="overrides decode_tokens")
     parser.add_argument("--repeat", type=int, help="rounds of each row, overrides repeat")
     parser.add_argument("--threads", type=int, help="overrides threads")
@@ -233,6 +241,8 @@ def main():
     prefills = ints(args.prefill) if args.prefill is not None else config.get("prefill_tokens", [512, 2048, 8192])
     policies = ([p for p in args.prefill_policies.split(",") if p] if args.prefill_policies is not None
                 else config.get("prefill_policies", []))
+    decode_policies = ([p for p in args.decode_policies.split(",") if p] if args.decode_policies is not None
+                       else config.get("decode_policies", []))
     prompt = config.get("decode_prompt", 32)
     steps = args.decode_tokens or config.get("decode_tokens", 64)
     repeat = args.repeat or config.get("repeat", 3)
@@ -281,7 +291,11 @@ def main():
     for name, shape in shapes.items():
         model, ggufs = make_models(args.kvevict, llama, args.models, name, shape, max_positions, dtypes)
         for dtype in dtypes:
-            rows = [{"decode_batch": b, "prompt": prompt, "tokens": steps} for b in batches]
+            rows = []
+            for b in batches:
+                rows.append({"decode_batch": b, "prompt": prompt, "tokens": steps})
+                rows += [{"decode_batch": b, "prompt": prompt, "tokens": steps, "policy": p, "budget": budget}
+                         for p in decode_policies]
             for t in prefills:
                 rows.append({"prefill": t, "policy": "full"})
                 for p in policies:
@@ -296,7 +310,7 @@ def main():
             for spec in rows:
                 best_k, best_l, best_b, kv_row = 0.0, 0.0, 0.0, None
                 for _ in range(repeat):
-                    if baseline and "protocol" not in spec:
+                    if baseline and baseline_reads(spec):
                         best_b = max(best_b, baseline.rows(model, dtype, [spec])[0]["tokens_per_s"])
                     got = kvevict.rows(model, dtype, [spec])[0]
                     if got["tokens_per_s"] > best_k:
@@ -324,8 +338,13 @@ def main():
     # bfloat16 rows: the machine's bfloat16 dot product (AVX512-BF16, twice the float32
     # FMAs) is their compute limit where it exists, whatever either engine uses.
     bf16_dot = max(r.get("bf16_dot_GFLOP_per_s", 0) for r in readings) * 1e9
+    # An evicting row against the full cache's row of the same shape, dtype and batch or length.
+    full_speed = {(n, d, s.get("decode_batch"), s.get("prefill")): k for n, d, s, k, *_ in measured
+                  if s.get("policy", "full") == "full"}
     table = []
     for name, dtype, spec, best_k, best_l, best_b, kv_row, load in measured:
+        full = full_speed.get((name, dtype, spec.get("decode_batch"), spec.get("prefill")))
+        of_full = "-" if spec.get("policy", "full") == "full" else ratio(best_k, full)
         peak, peak_name = (bf16_dot, "bf16 dot") if dtype == "bfloat16" and bf16_dot > 0 else (fma, "FMA")
         # The roofline: a decode step reads the weights once and each sequence's cache
         # (about prompt + steps/2 rows) and does its products; a prefill is bound by its FLOPs.
@@ -343,9 +362,11 @@ def main():
             attention = kv_row["attention_seconds"] / kv_row["seconds"]
         before = [fmt(best_b), ratio(best_b, best_l)] if baseline else []
         table.append([name, dtype, label_of(spec, budget)] + before + [fmt(best_k), fmt(best_l), ratio(best_k, best_l),
-                     fmt(limit), bound, share(best_k, limit), share(best_l, limit), f"{100 * attention:.0f}%", load])
+                     of_full, fmt(limit), bound, share(best_k, limit), share(best_l, limit), f"{100 * attention:.0f}%",
+                     load])
     header = ["shape", "dtype", "row"] + (["baseline tok/s", "baseline/llama.cpp"] if baseline else []) + [
-        "kvevict tok/s", "llama.cpp tok/s", "kvevict/llama.cpp", "roofline tok/s", "bound", "kvevict of roofline",
+        "kvevict tok/s", "llama.cpp tok/s", "kvevict/llama.cpp", "of full cache", "roofline tok/s", "bound",
+        "kvevict of roofline",
         "llama.cpp of roofline", "kvevict attention", "load average"]
     print()
     print("| " + " | ".join(header) + " |")

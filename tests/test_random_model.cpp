@@ -82,6 +82,7 @@ TEST_CASE("bench with peer_rows prints the machine's limits and each decode and 
   for (const std::string dtype : {"float32", "bfloat16"}) {
     std::ofstream(config) << R"({"model": ")" << dir << R"(/model", "dtype": ")" << dtype << R"(", "peer_rows": [
         {"limits": true, "bandwidth_MiB": 16}, {"decode_batch": 3, "prompt": 8, "tokens": 5},
+        {"decode_batch": 2, "prompt": 8, "tokens": 5, "policy": "h2o", "budget": 0.25},
         {"prefill": 40}, {"prefill": 40, "policy": "h2o", "budget": 0.25},
         {"prefill": 40, "policy": "h2o", "budget": 0.25, "protocol": "stream"}]})";
     const auto r = test::run_kvevict("bench --threads 2 --config " + config);
@@ -89,7 +90,11 @@ TEST_CASE("bench with peer_rows prints the machine's limits and each decode and 
     REQUIRE(r.exit_code == 0);
     CHECK(field(r.out, "limits", "read_GB_per_s") > 0);
     CHECK(field(r.out, "limits", "fma_f32_GFLOP_per_s") > 0);
-    CHECK_THAT(r.out, Catch::Contains("peer_row decode dtype " + dtype + " B 3 prompt 8 tokens 5 tokens_per_s"));
+    CHECK_THAT(r.out, Catch::Contains("peer_row decode dtype " + dtype +
+                                      " B 3 prompt 8 tokens 5 policy full kept_tokens 13 tokens_per_s"));
+    // h2o at 25% of the 13 tokens: 3 kept after the prompt, and at every step after.
+    CHECK_THAT(r.out, Catch::Contains("peer_row decode dtype " + dtype +
+                                      " B 2 prompt 8 tokens 5 policy h2o kept_tokens 3 tokens_per_s"));
     CHECK(field(r.out, "decode", "tokens_per_s") > 0);
     // The costs by hand: per layer q, o 64x64, k, v 32x64, the MLP 3 x 64x96 and two
     // norms of 64; the final norm, the LM head 300x64 and one embedding row.
@@ -109,7 +114,7 @@ TEST_CASE("bench with peer_rows prints the machine's limits and each decode and 
       const size_t at = r.out.find(what);
       return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
     };
-    CHECK(line_of("policy full").find(" kept_tokens 40 ") != std::string::npos);
+    CHECK(line_of("T 40 policy full").find(" kept_tokens 40 ") != std::string::npos);
     CHECK(line_of("policy h2o protocol prefill-compress").find(" kept_tokens 10 ") != std::string::npos);
     CHECK(line_of("policy h2o protocol stream").find(" kept_tokens 10 ") != std::string::npos);
     CHECK(field(r.out, "prefill", "flops") == 40 * 161280.0 + 512.0 * 40 * 41 / 2);

@@ -573,9 +573,10 @@ int bench_context_reuse(const BenchArgs& args, const ConfigObject& config, const
 // row one run, printed as "peer_row KIND key value ..." for the script, which alternates
 // them with llama.cpp's runs and keeps the best. A "limits" row measures the machine
 // (read bandwidth, FMA peak); a "decode_batch" row times `tokens` decode steps of B
-// sequences, each in its own full cache after its own `prompt` random tokens (as
-// llama-batched-bench does); a "prefill" row times one forward of `prefill` random tokens
-// into a cache under `policy` at `budget` for an evicting one, by `protocol`:
+// sequences, each in its own cache after its own `prompt` random tokens (as
+// llama-batched-bench does), full or under `policy` at `budget` (the prompt compressed
+// after its prefill, then eviction at every step); a "prefill" row times one forward of
+// `prefill` random tokens into a cache under `policy` at `budget` for an evicting one, by `protocol`:
 // prefill-compress (full attention, then compressed) or stream (evicting from the first token).
 const std::vector<std::string> kPeerRowKeys = {"limits", "bandwidth_MiB", "decode_batch", "prompt", "tokens",
                                                "prefill", "policy", "budget", "protocol"};
@@ -644,14 +645,17 @@ int bench_peer_rows(const BenchArgs& args, const ConfigObject& config) {
       const int B = row.integer("decode_batch", 1, 1, 4096);
       const int prompt = row.integer("prompt", 32, 1, kMost);
       const int steps = row.integer("tokens", 64, 1, kMost);
+      const std::string name = row.text("policy", reference_policy_name());
+      if (row.has("protocol")) throw Error(row.name("protocol") + ": a decode row runs prefill-compress only");
+      PolicyOptions options;
+      if (name != reference_policy_name()) options.budget.ratio = row.number("budget", 0.2, 0, 1);
+      const auto policy = make_policy(name, options);
       const Model& m = loaded();
-      PolicyOptions none;
-      const auto full = make_policy(reference_policy_name(), none);
       std::vector<std::unique_ptr<CacheAttention>> caches;
       std::vector<std::vector<int>> tokens;
       for (int b = 0; b < B; ++b) {
         tokens.push_back(random_tokens(prompt + steps, static_cast<int>(m.arch().vocab), 100 + b));
-        caches.push_back(std::make_unique<CacheAttention>(m, *full, shape_for(m, prompt + steps, prompt)));
+        caches.push_back(std::make_unique<CacheAttention>(m, *policy, shape_for(m, prompt + steps, prompt)));
         m.forward(std::vector<int>(tokens[b].begin(), tokens[b].begin() + prompt), 0, *caches[b]);
       }
       double attention_before = 0;
@@ -669,7 +673,8 @@ int bench_peer_rows(const BenchArgs& args, const ConfigObject& config) {
       // spread over min(B, threads) is its share of the step's wall time.
       const double attention_wall = attention / std::min(B, threads) / steps;
       std::cout << "peer_row decode dtype " << config.text("dtype", args.runtime.options.dtype) << " B " << B
-                << " prompt " << prompt << " tokens " << steps << " tokens_per_s " << B * steps / seconds << " step_ms "
+                << " prompt " << prompt << " tokens " << steps << " policy " << name << " kept_tokens "
+                << caches[0]->cached_tokens(0) << " tokens_per_s " << B * steps / seconds << " step_ms "
                 << seconds / steps * 1e3 << " attention_ms " << attention_wall * 1e3 << model_costs(m)
                 << " load_average " << load_average() << std::endl;
     } else {
