@@ -3,6 +3,7 @@
 #include "harness/common/errors.h"
 #include "policies/ada_kv.h"
 #include "policies/block_prefill.h"
+#include "policies/cam.h"
 #include "policies/chunk_kv.h"
 #include "policies/critical_kv.h"
 #include "policies/decoding_compression.h"
@@ -39,7 +40,8 @@ const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, {&kAdaSafeguard}},
                              {kCriticalPrefix, make_critical_kv, {&kCriticalFirstStage}},
                              {kDecodingPrefix, make_decoding_compression, {&kDecodeInterval, &kDecodeTarget, &kDecodeRatio}},
                              {kBlockPrefix, make_block_prefill, {&kBlockSize}},
-                             {kThinkPrefix, make_think, {&kKeyChannelRatio, &kThinkWindow}}};
+                             {kThinkPrefix, make_think, {&kKeyChannelRatio, &kThinkWindow}},
+                             {kCamPrefix, make_cam, {&kMergeBudget, &kMergeSeed}}};
 
 const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const std::string& key) {
   for (const ParamSpec* p : params)
@@ -61,7 +63,9 @@ std::string policy_help() {
                  "critical+SCORED (e.g. critical+snapkv) selects in CriticalKV's two stages, by the score and then "
                  "the score x the value's norm; critical+ada+SCORED does so within Ada-KV's head budgets (CriticalAdaKV); "
                  "think+POLICY (e.g. think+snapkv) zeroes each KV head's key channels of lowest query-key magnitude "
-                 "at the end of the prefill (ThinK)";
+                 "at the end of the prefill (ThinK); "
+                 "cam+POLICY (e.g. cam+h2o) merges each evicted token's value into the merge_budget kept tokens "
+                 "after it, with CaM's merge probability (CaM)";
 }
 
 std::string reference_policy_name() {

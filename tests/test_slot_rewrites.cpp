@@ -1,10 +1,12 @@
 // Policies that rewrite what a kept slot holds (LayerState::take_rewrites): ThinK's
-// key-channel pruning (think+POLICY). Model-free: its zeroed channels against a float64
-// hand computation of the paper's channel score on random keys and queries; the token
-// policy's kept set (so its budget) untouched at every step, layer and head. On the
-// models: sim == decode (the rewrites reach sim mode's later queries as they reach the
-// decode cache's rows), the bytes a pruned channel saves, and one-line errors where it
-// cannot run.
+// key-channel pruning (think+POLICY) and CaM's value merging (cam+POLICY). Model-free:
+// ThinK's zeroed channels against a float64 hand computation of the paper's channel score
+// on random keys and queries; CaM's merges against a hand computation of the merge
+// probability (cumulative attention in float64) and the averaged values at every
+// compression, failing when the probability is negated; the token policy's kept set (so
+// its budget) untouched at every step, layer and head. On the models: sim == decode (the
+// rewrites reach sim mode's later queries as they reach the decode cache's rows), the
+// bytes a pruned channel saves, and one-line errors where they cannot run.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "harness/runtime/device_policy.h"
 #include "harness/runtime/policy_driver.h"
 #include "harness/runtime/scorer.h"
+#include "policies/cam.h"
 #include "policies/registry.h"
 #include "tests/compare.h"
 #include "tests/policy_drive.h"
@@ -334,3 +337,207 @@ TEST_CASE("think+: refused with one line where it cannot run", "[policies][rewri
   CHECK_FALSE(make_policy("knorm", rewrite_budget(8))->as_realisable()->rewrites_slots());
 }
 
+namespace {
+
+// CaM's merges at one compression of one KV head, computed by hand: for each evicted
+// position (ascending) whose draw passes p = clamp(A_i / mean of A over its window, 0, 1),
+// the window's kept slot indices and v_i / m. attention: A by position (float64);
+// values: the values as the cache holds them, by position.
+struct CamMerge {
+  int slot;
+  std::vector<float> delta;
+};
+std::vector<CamMerge> cam_hand_merges(const std::vector<int>& before, const std::vector<int>& kept,
+                                      const std::map<int, double>& attention,
+                                      const std::map<int, std::vector<float>>& values, int merge_budget,
+                                      uint64_t seed, int layer, int kv, bool negate, int* refused_count) {
+  std::vector<CamMerge> merges;
+  for (int position : before) {
+    if (std::binary_search(kept.begin(), kept.end(), position)) continue;
+    const int first = static_cast<int>(std::upper_bound(kept.begin(), kept.end(), position) - kept.begin());
+    const int m = std::min(merge_budget, static_cast<int>(kept.size()) - first);
+    if (m == 0) continue;
+    double mean = 0;
+    for (int t = first; t < first + m; ++t) mean += attention.at(kept[t]) / m;
+    double ratio = mean > 0 ? attention.at(position) / mean : (attention.at(position) > 0 ? 1.0 : 0.0);
+    if (negate) ratio = -ratio;
+    const double p = std::min(1.0, std::max(0.0, ratio));
+    if (!(cam_merge_draw(seed, layer, kv, position) < p)) {
+      ++*refused_count;
+      continue;
+    }
+    for (int t = first; t < first + m; ++t) {
+      std::vector<float> delta(values.at(position));
+      for (float& x : delta) x /= m;
+      merges.push_back({t, delta});
+    }
+  }
+  return merges;
+}
+
+}  // namespace
+
+TEST_CASE("cam+: each evicted value merges into the kept values after it with CaM's probability (hand computation)",
+          "[policies][rewrites][cam]") {
+  const int length = 36, prefill = 14, n_kv = 2, group = 2, head_dim = 4;
+  int merges_seen = 0, passes_refused = 0;
+  for (const std::string inner : {"h2o", "keydiff", "streamingllm", "snapkv"})
+    for (const int merge_budget : {1, 3, 32})
+      for (const uint64_t seed : {0ULL, 11ULL})
+        for (const bool negate : {false, true}) {
+          PolicyOptions o = rewrite_budget(9);
+          o.params.set("merge_budget", merge_budget);
+          o.params.set("merge_seed", std::to_string(seed));
+          o.params.set("window", 3);
+          auto policy = make_policy("cam+" + inner, o);
+          auto alone = make_policy(inner, o);
+          const int layer = 1;
+          const SequenceShape shape = test::sequence_shape(length, prefill, n_kv * group, n_kv, 2, head_dim);
+          const RewriteTokens tokens{static_cast<int>(seed) + 3, head_dim, group};
+          LayerStates states = policy->as_realisable()->make_layer_states(layer, shape);
+          LayerStates alone_states = alone->as_realisable()->make_layer_states(layer, shape);
+          INFO("cam+" << inner << " merge_budget " << merge_budget << " seed " << seed);
+          bool all_match = true;
+          for (int kv = 0; kv < n_kv; ++kv) {
+            LayerState& state = *states.heads[kv];
+            LayerState& plain = *alone_states.heads[kv];
+            std::map<int, double> attention;
+            std::map<int, std::vector<float>> values;
+            for (int i = 0; i < length; ++i) {
+              const auto key = tokens.key(kv, i), value = tokens.value(kv, i), queries = tokens.queries(kv, i);
+              double squares = 0;
+              for (float x : key) squares += static_cast<double>(x) * x;
+              const NewToken token{static_cast<float>(std::sqrt(squares)), key.data(), value.data(), queries.data()};
+              state.append(i, token);
+              plain.append(i, token);
+              values[i] = value;
+              attention[i] = 0;
+              const std::vector<int> before = state.positions();
+              const int n = static_cast<int>(before.size());
+              std::vector<float> probs(static_cast<size_t>(group) * n);
+              for (int j = 0; j < group; ++j) {
+                double sum = 0;
+                for (int s = 0; s < n; ++s) sum += probs[j * n + s] = 1.0f + rewrite_random(9, kv * group + j, i, before[s]);
+                for (int s = 0; s < n; ++s) probs[j * n + s] = static_cast<float>(probs[j * n + s] / sum);
+              }
+              for (int s = 0; s < n; ++s) {
+                double sum = 0;
+                for (int j = 0; j < group; ++j) sum += probs[j * n + s];
+                attention[before[s]] += sum / group;
+              }
+              state.observe(probs.data());
+              plain.observe(probs.data());
+              if (i < prefill - 1) continue;
+              std::vector<int> keep, plain_keep;
+              const bool evicted = state.compress(&keep);
+              CHECK(evicted == plain.compress(&plain_keep));
+              CHECK(state.positions() == plain.positions());  // the token policy decides
+              CHECK(static_cast<int>(state.positions().size()) <= 9);
+              if (evicted) CHECK(keep == plain_keep);
+              int refused = 0;
+              const auto expected = cam_hand_merges(before, state.positions(), attention, values, merge_budget, seed,
+                                                    layer, kv, negate, &refused);
+              SlotRewrites rewrites;
+              const bool rewrote = state.take_rewrites(&rewrites);
+              std::vector<int> slots;
+              std::vector<float> deltas;
+              for (const CamMerge& m : expected) {
+                slots.push_back(m.slot);
+                deltas.insert(deltas.end(), m.delta.begin(), m.delta.end());
+              }
+              all_match = all_match && rewrote == !expected.empty() && rewrites.value_slots == slots &&
+                          rewrites.value_deltas == deltas && rewrites.key_slots.empty();
+              if (!negate) {
+                merges_seen += static_cast<int>(expected.size());
+                passes_refused += refused;
+              }
+              // The cache's values now: each kept value plus its additions summed in float32.
+              const std::vector<int>& kept = state.positions();
+              std::map<int, std::vector<float>> sums;
+              for (const CamMerge& m : expected) {
+                auto& sum = sums[kept[m.slot]];
+                sum.resize(head_dim, 0.0f);
+                for (int c = 0; c < head_dim; ++c) sum[c] += m.delta[c];
+              }
+              for (const auto& [position, sum] : sums)
+                for (int c = 0; c < head_dim; ++c) values[position][c] += sum[c];
+            }
+          }
+          // Negating the merge probability must break the agreement: it merges nothing.
+          if (negate) CHECK_FALSE(all_match);
+          else CHECK(all_match);
+        }
+  // Both sides of the draw happen: merges, and evictions whose draw fails.
+  CHECK(merges_seen > 0);
+  CHECK(passes_refused > 0);
+}
+
+TEST_CASE("cam+: the merge draw is a function of (seed, layer, head, position) alone", "[policies][rewrites][cam]") {
+  CHECK(cam_merge_draw(3, 1, 2, 40) == cam_merge_draw(3, 1, 2, 40));
+  CHECK(cam_merge_draw(3, 1, 2, 40) != cam_merge_draw(4, 1, 2, 40));
+  CHECK(cam_merge_draw(3, 1, 2, 40) != cam_merge_draw(3, 0, 2, 40));
+  CHECK(cam_merge_draw(3, 1, 2, 40) != cam_merge_draw(3, 1, 1, 40));
+  CHECK(cam_merge_draw(3, 1, 2, 40) != cam_merge_draw(3, 1, 2, 41));
+  double mean = 0;
+  for (int p = 0; p < 4000; ++p) {
+    const double u = cam_merge_draw(5, 0, 0, p);
+    REQUIRE(u >= 0);
+    REQUIRE(u < 1);
+    mean += u / 4000;
+  }
+  CHECK(std::abs(mean - 0.5) < 0.02);
+}
+
+TEST_CASE("cam+: sim mode and decode mode agree, and the merges change the log-probs",
+          "[policies][rewrites][cam][sim-decode]") {
+  std::vector<std::pair<std::string, std::vector<int>>> cases = {{"models/stories260K-hf", test::golden_tokens()}};
+  for (std::string name : {"tiny-random-llama3", "tiny-random-mistral"}) {
+    auto golden = test::read_json(test::data("golden/tiny_models/" + name + ".json"));
+    cases.push_back({"models/" + name, golden["tokens"].get<std::vector<int>>()});
+  }
+  for (const auto& [dtype, tolerance] : std::vector<std::pair<std::string, double>>{{"float64", 1e-9}, {"float32", 5e-5}})
+    for (const auto& [model_name, tokens] : cases) {
+      ModelOptions options = test::model_options();
+      options.dtype = dtype;
+      auto model = Model::load(test::data(model_name), options);
+      for (const std::string inner : {"h2o", "snapkv", "keydiff", "ada+snapkv", "block+h2o", "think+h2o"})
+        for (int prefill : {0, static_cast<int>(tokens.size()) / 2}) {
+          if (prefill == 0 && (inner == "block+h2o" || inner == "think+h2o")) continue;  // both need a prefill
+          PolicyOptions o;
+          o.budget.ratio = 0.2;
+          o.params.set("window", 8);
+          o.params.set("block_size", 7);
+          o.params.set("merge_budget", 4);
+          auto policy = make_policy("cam+" + inner, o);
+          PolicyOptions plain_options;
+          plain_options.budget.ratio = 0.2;
+          plain_options.params.set("window", 8);
+          plain_options.params.set("block_size", 7);
+          auto alone = make_policy(inner, plain_options);
+          const auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
+          const auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
+          INFO(model_name << " " << dtype << " cam+" << inner << " prefill " << prefill);
+          CHECK(test::max_diff(sim.next_token_logprob, decode.next_token_logprob) < tolerance);
+          CHECK(sim.kv.kept_per_head == decode.kv.kept_per_head);
+          CHECK(sim.kv.peak_bytes == decode.kv.peak_bytes);
+          const auto plain = score_sequence(*model, *alone, Mode::Decode, tokens, prefill);
+          CHECK(test::max_diff(plain.next_token_logprob, decode.next_token_logprob) > 1e-4);
+        }
+    }
+}
+
+TEST_CASE("cam+: refused with one line where it cannot run", "[policies][rewrites][cam][errors]") {
+  CHECK_THAT(test::error_of([] { make_policy("cam+h2o-paper", rewrite_budget(8)); }),
+             Catch::Contains("cam+h2o-paper") && Catch::Contains("not a realisable policy that evicts"));
+  CHECK_THAT(test::error_of([] { make_policy("cam+full", {}); }), Catch::Contains("not a realisable policy that evicts"));
+  PolicyOptions kivi = rewrite_budget(8);
+  kivi.kv_quant.bits = 2;
+  kivi.kv_quant.group = 8;
+  kivi.kv_quant.residual = 16;
+  CHECK_THAT(test::error_of([&] { make_policy("cam+h2o", kivi); }), Catch::Contains("cam+h2o") && Catch::Contains("kivi"));
+  CHECK_THAT(test::error_of([] { check_dmc_policy(*make_policy("cam+h2o", rewrite_budget(8))); }),
+             Catch::Contains("cam+h2o") && Catch::Contains("DMC"));
+  const SequenceShape shape = test::sequence_shape(40, 20, 2, 1, 1, 8);
+  CHECK(DeviceScoredLayer::make(*make_policy("cam+h2o", rewrite_budget(8)), 0, shape, 0) == nullptr);
+  CHECK(make_policy("cam+h2o", rewrite_budget(8))->as_realisable()->token_vectors() >= TokenVectors::KeysAndValues);
+}
