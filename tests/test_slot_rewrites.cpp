@@ -541,3 +541,47 @@ TEST_CASE("cam+: refused with one line where it cannot run", "[policies][rewrite
   CHECK(DeviceScoredLayer::make(*make_policy("cam+h2o", rewrite_budget(8)), 0, shape, 0) == nullptr);
   CHECK(make_policy("cam+h2o", rewrite_budget(8))->as_realisable()->token_vectors() >= TokenVectors::KeysAndValues);
 }
+
+TEST_CASE("a driver's rewrites land on the rows and channels they name", "[policies][rewrites]") {
+  for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    const auto keys = torch::arange(2 * 5 * 4, torch::TensorOptions().dtype(dtype)).view({2, 5, 4}).add(1);
+    const auto values = keys.clone().neg();
+    const auto keys_before = keys.clone(), values_before = values.clone();
+    RowRewrites zero;
+    zero.kv_head = 1;
+    zero.key_columns = {0, 3};
+    zero.zeroed_channels = {1, 2};
+    RowRewrites add;
+    add.kv_head = 0;
+    add.value_columns = {2, 4, 2};
+    add.value_deltas = {0.5f, 1, 2, 4, 1, 1, 1, 1, 0.25f, 0, 0, 8};
+    apply_row_rewrites(keys, values, {zero, add});
+    auto expected_keys = keys_before.clone();
+    for (int row : {0, 3})
+      for (int c : {1, 2}) expected_keys[1][row][c] = 0;
+    CHECK(torch::equal(keys, expected_keys));
+    auto expected_values = values_before.clone();
+    const std::vector<double> row2 = {0.75, 1, 2, 12}, row4 = {1, 1, 1, 1};
+    for (int c = 0; c < 4; ++c) {
+      expected_values[0][2][c] += row2[c];
+      expected_values[0][4][c] += row4[c];
+    }
+    CHECK(torch::equal(values, expected_values));
+  }
+}
+
+TEST_CASE("think+ at key_channel_compression_ratio 0 is the token policy, number for number", "[policies][rewrites][think]") {
+  const auto tokens = test::golden_tokens();
+  PolicyOptions o;
+  o.budget.ratio = 0.3;
+  auto h2o = make_policy("h2o", o);
+  o.params.set("key_channel_compression_ratio", 0.0);
+  auto think = make_policy("think+h2o", o);
+  for (Mode mode : {Mode::Sim, Mode::Decode}) {
+    const auto plain = score_sequence(test::stories(), *h2o, mode, tokens, 100);
+    const auto pruned = score_sequence(test::stories(), *think, mode, tokens, 100);
+    CHECK(test::max_diff(plain.next_token_logprob, pruned.next_token_logprob) == 0);
+    CHECK(plain.kv.peak_bytes == pruned.kv.peak_bytes);
+    CHECK(plain.kv.kept_per_head == pruned.kv.kept_per_head);
+  }
+}

@@ -246,43 +246,6 @@ void add_peak(KvStats& stats, const PeakBytes& bytes) {
   stats.peak_bytes_full += bytes.full;
 }
 
-// Carries out a driver's rewrites on one layer's keys and values [Hkv, rows, d] whose rows
-// are the driver's columns: the zeroed key channels, and each row's value additions,
-// summed in float32 in the order given and then added once, so that every backend adds
-// the same numbers to the same values.
-void apply_row_rewrites(const torch::Tensor& keys, const torch::Tensor& values, const std::vector<RowRewrites>& rewrites) {
-  const int64_t d = values.size(2);
-  const auto longs = torch::TensorOptions().dtype(torch::kLong);
-  for (const RowRewrites& r : rewrites) {
-    if (!r.key_columns.empty() && !r.zeroed_channels.empty()) {
-      const auto rows = torch::tensor(std::vector<int64_t>(r.key_columns.begin(), r.key_columns.end()), longs);
-      const auto channels =
-          torch::tensor(std::vector<int64_t>(r.zeroed_channels.begin(), r.zeroed_channels.end()), longs);
-      const auto at_rows = rows.to(keys.device());
-      const auto head = keys.select(0, r.kv_head);
-      const auto pruned = head.index_select(0, at_rows).index_fill_(1, channels.to(keys.device()), 0);
-      head.index_copy_(0, at_rows, pruned);
-    }
-    if (r.value_columns.empty()) continue;
-    if (r.value_deltas.size() != r.value_columns.size() * static_cast<size_t>(d))
-      throw Error("internal: a rewrite's value additions are not head_dim " + std::to_string(d) + " floats each");
-    std::map<int, std::vector<float>> sums;  // by row
-    for (size_t i = 0; i < r.value_columns.size(); ++i) {
-      std::vector<float>& sum = sums[r.value_columns[i]];
-      sum.resize(d, 0.0f);
-      for (int64_t c = 0; c < d; ++c) sum[c] += r.value_deltas[i * d + c];
-    }
-    std::vector<int64_t> rows;
-    auto deltas = torch::empty({static_cast<int64_t>(sums.size()), d}, torch::kFloat32);
-    float* out = deltas.data_ptr<float>();
-    for (const auto& [row, sum] : sums) {
-      rows.push_back(row);
-      out = std::copy(sum.begin(), sum.end(), out);
-    }
-    values.select(0, r.kv_head)
-        .index_add_(0, torch::tensor(rows, longs).to(values.device()), deltas.to(values.device(), values.scalar_type()));
-  }
-}
 
 // One layer's KIVI cache over Scalar (the accumulation type): see QuantizedLayerCache.
 template <typename Scalar>
@@ -462,6 +425,40 @@ std::vector<torch::Tensor> per_head(const torch::Tensor& x) {
 }
 
 }  // namespace
+
+void apply_row_rewrites(const torch::Tensor& keys, const torch::Tensor& values, const std::vector<RowRewrites>& rewrites) {
+  const int64_t d = values.size(2);
+  const auto longs = torch::TensorOptions().dtype(torch::kLong);
+  for (const RowRewrites& r : rewrites) {
+    if (!r.key_columns.empty() && !r.zeroed_channels.empty()) {
+      const auto rows = torch::tensor(std::vector<int64_t>(r.key_columns.begin(), r.key_columns.end()), longs);
+      const auto channels =
+          torch::tensor(std::vector<int64_t>(r.zeroed_channels.begin(), r.zeroed_channels.end()), longs);
+      const auto at_rows = rows.to(keys.device());
+      const auto head = keys.select(0, r.kv_head);
+      const auto pruned = head.index_select(0, at_rows).index_fill_(1, channels.to(keys.device()), 0);
+      head.index_copy_(0, at_rows, pruned);
+    }
+    if (r.value_columns.empty()) continue;
+    if (r.value_deltas.size() != r.value_columns.size() * static_cast<size_t>(d))
+      throw Error("internal: a rewrite's value additions are not head_dim " + std::to_string(d) + " floats each");
+    std::map<int, std::vector<float>> sums;  // by row
+    for (size_t i = 0; i < r.value_columns.size(); ++i) {
+      std::vector<float>& sum = sums[r.value_columns[i]];
+      sum.resize(d, 0.0f);
+      for (int64_t c = 0; c < d; ++c) sum[c] += r.value_deltas[i * d + c];
+    }
+    std::vector<int64_t> rows;
+    auto deltas = torch::empty({static_cast<int64_t>(sums.size()), d}, torch::kFloat32);
+    float* out = deltas.data_ptr<float>();
+    for (const auto& [row, sum] : sums) {
+      rows.push_back(row);
+      out = std::copy(sum.begin(), sum.end(), out);
+    }
+    values.select(0, r.kv_head)
+        .index_add_(0, torch::tensor(rows, longs).to(values.device()), deltas.to(values.device(), values.scalar_type()));
+  }
+}
 
 // DMC merges each KV head's slots on its own: heads that keep the same slots cannot
 // follow, and heads that decide together (Ada-KV's layer-wide ranking) are not implemented.

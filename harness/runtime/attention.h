@@ -83,6 +83,12 @@ class FullAttention : public AttentionBackend {
 // their drivers).
 void check_dmc_policy(const Policy& policy, const SequenceShape* shape = nullptr);
 void refuse_heads_deciding_together(const Policy& policy, bool same_slots, bool lockstep);
+// Carries out a driver's rewrites (PolicyDriver::take_rewrites) on one layer's keys and
+// values [Hkv, rows, d] whose rows are the driver's columns: the zeroed key channels, and
+// each row's value additions, summed in float32 in the order given and then added once,
+// so that every backend adds the same numbers to the same values.
+void apply_row_rewrites(const torch::Tensor& keys, const torch::Tensor& values, const std::vector<RowRewrites>& rewrites);
+
 // A policy that rewrites kept slots (RealisablePolicy::rewrites_slots) over a KIVI cache,
 // which holds them quantized, is not implemented: throws naming the flag.
 void refuse_rewrites_with_kivi(const Policy& policy);
