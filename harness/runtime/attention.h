@@ -27,7 +27,8 @@ struct KvStats {
   std::vector<std::vector<int>> kept_per_head;  // [layer][KV head]: tokens at the end
   // Bytes as harness/common/kv_quant.h counts them (full-precision elements, scales and
   // mins as fp16, codes at their bits), as the cache stands while a query attends: the sum
-  // over layers of each layer's peak.
+  // over layers of each layer's peak. Key channels a rewrite zeroed (think+) count as not
+  // held, as in a cache that stores a pruned key's kept channels alone.
   int64_t peak_bytes = 0;
   int64_t peak_bytes_full = 0;         // the fp16 cache of the tokens held at those peaks
   int kv_bits = 16;                    // bits per quantized element (16: none)
