@@ -78,6 +78,28 @@ struct SequenceShape {
 // policy cannot tell them apart.
 class LayerStateCopies;
 
+// What a compression rewrote in the slots a KV head kept, instead of only choosing them:
+// ThinK's pruned key channels, CaM's values merged into kept neighbours. Slot indices
+// count the head's slots after the compression (positions() order). The caller carries
+// it out on what it holds of those slots (sim mode's teacher-forced keys and values, the
+// decode cache's rows) before the next query attends.
+struct SlotRewrites {
+  // The keys of these slots have the channels zeroed_channels (ascending) set to 0.
+  std::vector<int> key_slots;
+  std::vector<int> zeroed_channels;
+  // value_deltas[i * head_dim ...] (head_dim floats) is added to the value of slot
+  // value_slots[i]; a slot may be listed more than once (the additions sum in order).
+  std::vector<int> value_slots;
+  std::vector<float> value_deltas;
+  bool empty() const { return key_slots.empty() && value_slots.empty(); }
+  void clear() {
+    key_slots.clear();
+    zeroed_channels.clear();
+    value_slots.clear();
+    value_deltas.clear();
+  }
+};
+
 class LayerState {
  public:
   virtual ~LayerState() = default;
@@ -102,6 +124,10 @@ class LayerState {
   // Evicts down to the budget. False when nothing was evicted; otherwise keep (if not
   // null) gets the kept slot indices, ascending.
   virtual bool compress(std::vector<int>* keep) = 0;
+  // Right after compress (whether or not it evicted): what it rewrote in the kept slots
+  // (SlotRewrites), moved into *out, which arrives empty. False: nothing. Only the states
+  // of a policy whose rewrites_slots() is true rewrite.
+  virtual bool take_rewrites(SlotRewrites* out) { return false; }
   virtual const std::vector<int>& positions() const = 0;
   int size() const { return static_cast<int>(positions().size()); }
 };
@@ -222,6 +248,9 @@ class RealisablePolicy : public Policy {
   // prefill's; the decode cache then feeds the prefill in those blocks. 0: the prefill is
   // one block, compressed at its end.
   virtual int prefill_block() const { return 0; }
+  // Its states rewrite kept slots (LayerState::take_rewrites): a backend carries the
+  // rewrites out or refuses the policy, never drops them.
+  virtual bool rewrites_slots() const { return false; }
 };
 
 // A causal sim-only policy's pass over one layer, fed the logits a block of query rows at

@@ -3,10 +3,12 @@
 #include "harness/common/errors.h"
 #include "policies/ada_kv.h"
 #include "policies/block_prefill.h"
+#include "policies/cam.h"
 #include "policies/chunk_kv.h"
 #include "policies/critical_kv.h"
 #include "policies/decoding_compression.h"
 #include "policies/static_pattern.h"
+#include "policies/think.h"
 
 namespace kvevict {
 
@@ -37,7 +39,9 @@ const Wrapper kWrappers[] = {{kAdaPrefix, make_ada_kv, {&kAdaSafeguard}},
                              {kCriticalAdaPrefix, make_critical_ada_kv, {&kCriticalFirstStage}},
                              {kCriticalPrefix, make_critical_kv, {&kCriticalFirstStage}},
                              {kDecodingPrefix, make_decoding_compression, {&kDecodeInterval, &kDecodeTarget, &kDecodeRatio}},
-                             {kBlockPrefix, make_block_prefill, {&kBlockSize}}};
+                             {kBlockPrefix, make_block_prefill, {&kBlockSize}},
+                             {kThinkPrefix, make_think, {&kKeyChannelRatio, &kThinkWindow}},
+                             {kCamPrefix, make_cam, {&kMergeBudget, &kMergeSeed}}};
 
 const ParamSpec* find_if_key(const std::vector<const ParamSpec*>& params, const std::string& key) {
   for (const ParamSpec* p : params)
@@ -57,7 +61,11 @@ std::string policy_help() {
                  "block+SCORED (e.g. block+keydiff) compresses the prefill to the budget after each block of block_size "
                  "tokens (BlockPress); "
                  "critical+SCORED (e.g. critical+snapkv) selects in CriticalKV's two stages, by the score and then "
-                 "the score x the value's norm; critical+ada+SCORED does so within Ada-KV's head budgets (CriticalAdaKV)";
+                 "the score x the value's norm; critical+ada+SCORED does so within Ada-KV's head budgets (CriticalAdaKV); "
+                 "think+POLICY (e.g. think+snapkv) zeroes each KV head's key channels of lowest query-key magnitude "
+                 "at the end of the prefill (ThinK); "
+                 "cam+POLICY (e.g. cam+h2o) merges each evicted token's value into the merge_budget kept tokens "
+                 "after it, with CaM's merge probability (CaM)";
 }
 
 std::string reference_policy_name() {
@@ -143,6 +151,9 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
   if (quant.memory > 0 && !policy->realisable())
     throw Error(std::string(quant.keys->memory) + " is a byte budget of a cache; policy " + policy->name() +
                 " is sim-only and holds none (give it a budget)");
+  if (quant.enabled() && policy->realisable() && policy->as_realisable()->rewrites_slots())
+    throw Error("policy " + policy->name() + " rewrites the keys or values of kept slots, which " + quant.keys->quant +
+                " kivi holds quantized; that is not implemented");
   if (quant.enabled() && !policy->realisable())
     throw Error("policy " + policy->name() + " is sim-only: it cannot run with " + quant.keys->quant +
                 " kivi, which quantizes a cache a realisable policy evicts from");

@@ -1180,6 +1180,14 @@ std::vector<Case> cases() {
   cli_case("--decode-target with --decode-ratio", gen + "--policy decoding+h2o --decode-target 64 --decode-ratio 0.5",
            "decode_ratio");
   cli_case("--block-size 0", gen + "--policy block+h2o --budget 0.5 --block-size 0", "--block-size");
+  // Policies that rewrite kept slots (think+, cam+): ranges, and the caches they cannot rewrite.
+  cli_case("--key-channel-compression-ratio 1.5", gen + "--policy think+h2o --budget 0.5 --key-channel-compression-ratio 1.5",
+           "--key-channel-compression-ratio");
+  cli_case("--merge-budget 0", gen + "--policy cam+h2o --budget 0.5 --merge-budget 0", "--merge-budget");
+  cli_case("think+h2o over KIVI", gen + "--policy think+h2o --budget 0.5 --kv-quant kivi --kv-group 8 --kv-residual 16",
+           "think+h2o");
+  cli_case("think+h2o under the stream protocol (no prefill to prune at)",
+           "perplexity " + kText + " --policy think+h2o --budget 0.5 --prefill 0", "stream protocol");
   cli_case("--kv-memory with the full cache (was ignored)", gen + "--policy full --kv-memory 0.5", "--kv-memory");
   cli_case("eval: sim-only policy with KIVI (was refused per document)",
            "eval --task copa --limit 2 --policy h2o-paper --heavy-ratio 0.1 --recent-ratio 0.1 --kv-quant kivi "
@@ -1197,6 +1205,9 @@ std::vector<Case> cases() {
                  expected});
   };
   dmc_case("DMC with ada+h2o (was run untested)", "--policy ada+h2o --budget-tokens 4", {"ada+h2o", "DMC"});
+  dmc_case("DMC with think+h2o (its pruning rewrites slots DMC merges)", "--policy think+h2o --budget-tokens 4 --prefill 4",
+           {"think+h2o", "DMC"});
+  dmc_case("DMC with cam+h2o (its merges rewrite slots DMC merges)", "--policy cam+h2o --budget-tokens 4", {"cam+h2o", "DMC"});
   dmc_case("DMC with --kv-memory (was a byte bound of rows, not slots)", "--policy h2o --kv-memory 0.5",
            {"--kv-memory", "DMC"});
   sweep_case("kv_memories beside budgets (was two kinds of cell)", {{"kv_memories", {0.5}}}, "\"kv_memories\"");
@@ -1224,7 +1235,7 @@ std::vector<Case> cases() {
 
 TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
   const auto all = cases();
-  REQUIRE(all.size() >= 305);  // the table's size today: a case lost is a failure
+  REQUIRE(all.size() >= 310);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 
 #include "harness/common/errors.h"
 #include "harness/common/kv_quant.h"
@@ -206,14 +207,23 @@ torch::Tensor drive_block(PolicyDriver& driver, const torch::Tensor& logits, int
 // Full-precision elements count as fp16 whatever the compute dtype (harness/common/kv_quant.h).
 int64_t element_bytes(const torch::Tensor&) { return kFullPrecisionBytes; }
 
-// The driver's counts of one layer; returns the layer's peak K+V bytes.
-int64_t record_driver_stats(KvStats& stats, int layer, const PolicyDriver& driver, int64_t row_bytes) {
+// A layer's peak K+V bytes: what the cache holds, and the fp16 cache of the same slots.
+struct PeakBytes {
+  int64_t held = 0, full = 0;
+};
+
+// The driver's counts of one layer; returns the layer's peak K+V bytes (row_bytes a
+// slot's). Key channels a rewrite zeroed (ThinK) count as not held, as in a cache that
+// stores a pruned key's kept channels alone.
+PeakBytes record_driver_stats(KvStats& stats, int layer, const PolicyDriver& driver, int64_t row_bytes) {
   stats.kept_per_head[layer].resize(driver.n_kv_heads());
   for (int h = 0; h < driver.n_kv_heads(); ++h) stats.kept_per_head[layer][h] = driver.slots(h);
   stats.kept_per_layer[layer] = driver.max_slots();
   stats.max_per_layer[layer] = driver.peak_head_slots();
   stats.visible_per_layer[layer] = driver.last_visible();
-  return driver.peak_total_slots() * row_bytes;
+  if (driver.rewrites() && row_bytes > 0)
+    return {driver.peak_total_elements() * kFullPrecisionBytes, driver.peak_elements_slots() * row_bytes};
+  return {driver.peak_total_slots() * row_bytes, driver.peak_total_slots() * row_bytes};
 }
 
 // The same for the device policy path, whose KV heads all hold as many slots (what the
@@ -231,6 +241,12 @@ void add_full_precision_peak(KvStats& stats, int64_t bytes) {
   stats.peak_bytes_full += bytes;
 }
 
+void add_peak(KvStats& stats, const PeakBytes& bytes) {
+  stats.peak_bytes += bytes.held;
+  stats.peak_bytes_full += bytes.full;
+}
+
+
 // One layer's KIVI cache over Scalar (the accumulation type): see QuantizedLayerCache.
 template <typename Scalar>
 class KiviLayerCache final : public QuantizedLayerCache {
@@ -243,6 +259,7 @@ class KiviLayerCache final : public QuantizedLayerCache {
     if (!policy.realisable())
       throw Error("policy " + policy.name() + " is sim-only: it cannot run with --kv-quant kivi, which quantizes a cache " +
                   "a realisable policy evicts from");
+    refuse_rewrites_with_kivi(policy);
     driver_ = std::make_unique<PolicyDriver>(*policy.as_realisable(), layer, shape, window, SlotColumns::CacheRows);
     set_flush_hook();
   }
@@ -409,6 +426,40 @@ std::vector<torch::Tensor> per_head(const torch::Tensor& x) {
 
 }  // namespace
 
+void apply_row_rewrites(const torch::Tensor& keys, const torch::Tensor& values, const std::vector<RowRewrites>& rewrites) {
+  const int64_t d = values.size(2);
+  const auto longs = torch::TensorOptions().dtype(torch::kLong);
+  for (const RowRewrites& r : rewrites) {
+    if (!r.key_columns.empty() && !r.zeroed_channels.empty()) {
+      const auto rows = torch::tensor(std::vector<int64_t>(r.key_columns.begin(), r.key_columns.end()), longs);
+      const auto channels =
+          torch::tensor(std::vector<int64_t>(r.zeroed_channels.begin(), r.zeroed_channels.end()), longs);
+      const auto at_rows = rows.to(keys.device());
+      const auto head = keys.select(0, r.kv_head);
+      const auto pruned = head.index_select(0, at_rows).index_fill_(1, channels.to(keys.device()), 0);
+      head.index_copy_(0, at_rows, pruned);
+    }
+    if (r.value_columns.empty()) continue;
+    if (r.value_deltas.size() != r.value_columns.size() * static_cast<size_t>(d))
+      throw Error("internal: a rewrite's value additions are not head_dim " + std::to_string(d) + " floats each");
+    std::map<int, std::vector<float>> sums;  // by row
+    for (size_t i = 0; i < r.value_columns.size(); ++i) {
+      std::vector<float>& sum = sums[r.value_columns[i]];
+      sum.resize(d, 0.0f);
+      for (int64_t c = 0; c < d; ++c) sum[c] += r.value_deltas[i * d + c];
+    }
+    std::vector<int64_t> rows;
+    auto deltas = torch::empty({static_cast<int64_t>(sums.size()), d}, torch::kFloat32);
+    float* out = deltas.data_ptr<float>();
+    for (const auto& [row, sum] : sums) {
+      rows.push_back(row);
+      out = std::copy(sum.begin(), sum.end(), out);
+    }
+    values.select(0, r.kv_head)
+        .index_add_(0, torch::tensor(rows, longs).to(values.device()), deltas.to(values.device(), values.scalar_type()));
+  }
+}
+
 // DMC merges each KV head's slots on its own: heads that keep the same slots cannot
 // follow, and heads that decide together (Ada-KV's layer-wide ranking) are not implemented.
 void refuse_heads_deciding_together(const Policy& policy, bool same_slots, bool lockstep) {
@@ -420,7 +471,17 @@ void refuse_heads_deciding_together(const Policy& policy, bool same_slots, bool 
                 "(config.json dmc_window_size), whose heads merge their slots each on its own, that is not implemented");
 }
 
+void refuse_rewrites_with_kivi(const Policy& policy) {
+  const KvQuantSpec& quant = policy.options().kv_quant;
+  if (quant.enabled() && policy.realisable() && policy.as_realisable()->rewrites_slots())
+    throw Error("policy " + policy.name() + " rewrites the keys or values of kept slots, which " + quant.keys->quant +
+                " kivi holds quantized; that is not implemented");
+}
+
 void check_dmc_policy(const Policy& policy, const SequenceShape* shape) {
+  if (policy.realisable() && policy.as_realisable()->rewrites_slots())
+    throw Error("policy " + policy.name() + " rewrites the keys or values of kept slots; over a DMC model "
+                "(config.json dmc_window_size), whose slots merge tokens, that is not implemented");
   const KvQuantSpec& quant = policy.options().kv_quant;
   if (quant.enabled())
     throw Error(std::string(quant.keys->quant) + " over a DMC model (config.json dmc_window_size) is not implemented");
@@ -585,7 +646,7 @@ torch::Tensor SimAttention::attend_merged(int layer, const torch::Tensor& q, con
     driver->start_block(0);
     const HostTokens tokens(driver->token_vectors(), k, v, q);
     auto out = dmc_policy_attention(q, per_head(k), per_head(v), merges, *driver, 0, tokens.block());
-    add_full_precision_peak(stats_, record_driver_stats(stats_, layer, *driver, 2 * d * element_bytes(k)));
+    add_peak(stats_, record_driver_stats(stats_, layer, *driver, 2 * d * element_bytes(k)));
     stats_.dmc_merge_rate[layer] = dmc_->merge_rate(layer);
     return out;
   }
@@ -632,13 +693,46 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   PolicyDriver driver(*policy_.as_realisable(), layer, shape_, sliding_window_, SlotColumns::Positions);
   const HostTokens tokens(driver.token_vectors(), k, v, q);
   const int n_kv = static_cast<int>(k.size(1));
+  if (driver.rewrites()) {
+    auto out = simulate_rewriting(driver, tokens, q, k, v);
+    add_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
+    return out;
+  }
   auto out = causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0,
                                      [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
                                        return drive_block(driver, logits, r0, rows, n,
                                                           tokens.block().from_row(r0, n_kv));
                                      });
-  add_full_precision_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
+  add_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
   return out;
+}
+
+// A policy that rewrites kept slots: the pass runs in the blocks decode mode feeds (the
+// prefill, cut where the policy compresses inside it, then one query at a time) over
+// copies of the layer's keys and values, and each block's rewrites change those copies
+// before the next block's queries read them: from the rewrite on, every later query sees
+// the slot as the decode cache then holds it.
+torch::Tensor SimAttention::simulate_rewriting(PolicyDriver& driver, const HostTokens& tokens, const torch::Tensor& q,
+                                               const torch::Tensor& k, const torch::Tensor& v) {
+  const int64_t T = q.size(0), n_kv = k.size(1);
+  // clone, not contiguous: with one KV head the permuted view is already contiguous, and
+  // the rewrites must not reach the model's own k and v.
+  const auto keys = k.permute({1, 0, 2}).clone(at::MemoryFormat::Contiguous);
+  const auto values = v.permute({1, 0, 2}).clone(at::MemoryFormat::Contiguous);
+  const int64_t prefill = std::min<int64_t>(shape_.prefill_len, T);
+  const int64_t step = policy_.as_realisable()->prefill_block() > 0 ? policy_.as_realisable()->prefill_block() : prefill;
+  std::vector<torch::Tensor> outs;
+  for (int64_t from = 0; from < T;) {
+    const int64_t to = from < prefill ? std::min(prefill, (from / step + 1) * step) : from + 1;
+    outs.push_back(causal_attention_blocks(q.narrow(0, from, to - from), keys.narrow(1, 0, to), values.narrow(1, 0, to),
+                                           from, [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
+                                             return drive_block(driver, logits, from + r0, rows, n,
+                                                                tokens.block().from_row(from + r0, n_kv));
+                                           }));
+    apply_row_rewrites(keys, values, driver.take_rewrites());
+    from = to;
+  }
+  return torch::cat(outs, 0);
 }
 
 // The device policy path over the teacher-forced pass: the logits come by position; each
@@ -740,6 +834,7 @@ std::unique_ptr<CacheAttention> CacheAttention::fork(const SequenceShape& shape)
     to.value_buffer = copied(from.value_buffer);
     to.size = from.size;
     to.peak_bytes = from.peak_bytes;
+    to.peak_bytes_full = from.peak_bytes_full;
     if (from.driver && !(to.driver = from.driver->clone())) return nullptr;
     if (from.device_policy) to.device_policy = from.device_policy->clone();
     if (from.quantized && !(to.quantized = from.quantized->clone())) return nullptr;
@@ -869,7 +964,7 @@ torch::Tensor CacheAttention::attend_merged(int layer, const torch::Tensor& q, c
   }
   int64_t peak;
   if (cache.driver) {
-    peak = record_driver_stats(stats_, layer, *cache.driver, 2 * d * element_bytes(k));
+    peak = record_driver_stats(stats_, layer, *cache.driver, 2 * d * element_bytes(k)).full;
     stats_.dmc_merge_rate[layer] = dmc_->merge_rate(layer);
   } else {
     peak = record_dmc_stats(stats_, layer, cache.dmc_slots, *dmc_) * 2 * d * element_bytes(k);
@@ -948,6 +1043,8 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
       flat.index_copy_(0, dst, flat.index_select(0, src));
     }
   }
+  // Rewrites name the rows after the moves.
+  if (driver.rewrites()) apply_row_rewrites(cache.key_buffer, cache.value_buffer, driver.take_rewrites());
   const int64_t kept = driver.max_slots();
   if (capacity > kept + 1 + std::max<int64_t>(16, kept / 8)) {
     // Memory follows the budget, not the prompt (or the doubling that filled the cache):
@@ -959,9 +1056,10 @@ torch::Tensor CacheAttention::attend_evicting(LayerCache& cache, int layer, cons
     }
   }
   // Peak bytes: the sum over layers of each layer's largest cache.
-  const int64_t peak = record_driver_stats(stats_, layer, driver, 2 * d * element_bytes(k));
-  add_full_precision_peak(stats_, peak - cache.peak_bytes);
-  cache.peak_bytes = peak;
+  const PeakBytes peak = record_driver_stats(stats_, layer, driver, 2 * d * element_bytes(k));
+  add_peak(stats_, {peak.held - cache.peak_bytes, peak.full - cache.peak_bytes_full});
+  cache.peak_bytes = peak.held;
+  cache.peak_bytes_full = peak.full;
   return out;
 }
 

@@ -27,7 +27,8 @@ struct KvStats {
   std::vector<std::vector<int>> kept_per_head;  // [layer][KV head]: tokens at the end
   // Bytes as harness/common/kv_quant.h counts them (full-precision elements, scales and
   // mins as fp16, codes at their bits), as the cache stands while a query attends: the sum
-  // over layers of each layer's peak.
+  // over layers of each layer's peak. Key channels a rewrite zeroed (think+) count as not
+  // held, as in a cache that stores a pruned key's kept channels alone.
   int64_t peak_bytes = 0;
   int64_t peak_bytes_full = 0;         // the fp16 cache of the tokens held at those peaks
   int kv_bits = 16;                    // bits per quantized element (16: none)
@@ -83,6 +84,15 @@ class FullAttention : public AttentionBackend {
 // their drivers).
 void check_dmc_policy(const Policy& policy, const SequenceShape* shape = nullptr);
 void refuse_heads_deciding_together(const Policy& policy, bool same_slots, bool lockstep);
+// Carries out a driver's rewrites (PolicyDriver::take_rewrites) on one layer's keys and
+// values [Hkv, rows, d] whose rows are the driver's columns: the zeroed key channels, and
+// each row's value additions, summed in float32 in the order given and then added once,
+// so that every backend adds the same numbers to the same values.
+void apply_row_rewrites(const torch::Tensor& keys, const torch::Tensor& values, const std::vector<RowRewrites>& rewrites);
+
+// A policy that rewrites kept slots (RealisablePolicy::rewrites_slots) over a KIVI cache,
+// which holds them quantized, is not implemented: throws naming the flag.
+void refuse_rewrites_with_kivi(const Policy& policy);
 
 // The most a sim-only policy's [heads, T, T] float32 layer matrix may take (SimAttention
 // refuses a longer sequence): 16 GiB is 32 heads at T = 11585.
@@ -105,6 +115,8 @@ class SimAttention : public AttentionBackend {
   // Attention output [T, Hq*d] under a realisable policy.
   torch::Tensor simulate_realisable(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v);
+  torch::Tensor simulate_rewriting(PolicyDriver& driver, const HostTokens& tokens, const torch::Tensor& q,
+                                   const torch::Tensor& k, const torch::Tensor& v);
   torch::Tensor simulate_quantized(int layer, const torch::Tensor& q, const torch::Tensor& k,
                                    const torch::Tensor& v);
   torch::Tensor simulate_sim_only(int layer, const torch::Tensor& q, const torch::Tensor& k,
@@ -184,6 +196,7 @@ class CacheAttention : public AttentionBackend {
     std::unique_ptr<PolicyDriver> driver;  // null without a policy or on the device policy path
     std::unique_ptr<DeviceScoredLayer> device_policy;  // the device policy path (device_policy.h)
     int64_t peak_bytes = 0;               // with a policy: the largest K+V bytes so far
+    int64_t peak_bytes_full = 0;          // and the fp16 bytes of the slots held then
     std::unique_ptr<QuantizedLayerCache> quantized;  // with --kv-quant: the whole layer's cache
     // DMC: per KV head, its slots (oldest first) in rows 0 .. dmc_slots[h]-1 of
     // dmc_keys[h] / dmc_values[h] [capacity, head_dim]: heads hold different numbers.

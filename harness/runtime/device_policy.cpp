@@ -20,7 +20,10 @@ torch::Tensor rounded_norms(const torch::Tensor& norms) {
 std::unique_ptr<DeviceScoredLayer> DeviceScoredLayer::make(const Policy& policy, int layer, const SequenceShape& shape,
                                                            int64_t sliding_window) {
   const auto* scored = dynamic_cast<const ScoredPolicy*>(policy.as_realisable());
-  if (!scored || scored->score_recipe() == ScoreRecipe::None || policy.options().kv_quant.enabled()) return nullptr;
+  // A policy that rewrites kept slots runs on the host path, which carries the rewrites out.
+  if (!scored || scored->score_recipe() == ScoreRecipe::None || policy.options().kv_quant.enabled() ||
+      scored->rewrites_slots())
+    return nullptr;
   const Budget budget = policy.layer_budget(layer, shape);
   if (budget.unlimited) return nullptr;
   std::unique_ptr<DeviceScoredLayer> made(new DeviceScoredLayer());

@@ -73,7 +73,10 @@ PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const Sequ
                            int64_t sliding_window, SlotColumns columns)
     : group_(shape.group()), prefill_len_(shape.prefill_len), prefill_block_(policy.prefill_block()),
       vectors_(policy.token_vectors()),
-      head_dim_(shape.head_dim), window_(sliding_window), columns_(columns) {
+      head_dim_(shape.head_dim), window_(sliding_window), columns_(columns), rewrites_(policy.rewrites_slots()) {
+  if (rewrites_ && columns == SlotColumns::Versions)
+    throw Error("policy " + policy.name() + " rewrites the keys or values of kept slots; over DMC's merged slots "
+                "that is not implemented");
   LayerStates states = policy.make_layer_states(layer, shape);
   lockstep_ = states.lockstep;
   same_slots_ = states.same_slots;
@@ -96,6 +99,10 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
   copy->lockstep_ = lockstep_;
   copy->same_slots_ = same_slots_;
   copy->block_first_ = block_first_;
+  copy->rewrites_ = rewrites_;
+  copy->block_last_ = block_last_;
+  copy->peak_total_elements_ = peak_total_elements_;
+  copy->peak_elements_slots_ = peak_elements_slots_;
   copy->peak_total_slots_ = peak_total_slots_;
   copy->peak_head_slots_ = peak_head_slots_;
   copy->last_visible_ = last_visible_;
@@ -113,6 +120,10 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
     to.keep = from.keep;
     to.row_slots = from.row_slots;
     to.moves = from.moves;
+    to.rewrites = from.rewrites;
+    to.zeroed = from.zeroed;
+    to.zeroed_total = from.zeroed_total;
+    to.row_zeroed = from.row_zeroed;
     to.visible = from.visible;
     to.vis = from.vis ? to.pattern.data() : nullptr;
     to.oldest = from.oldest;
@@ -149,6 +160,15 @@ std::vector<RowMove> PolicyDriver::take_moves() {
   return moves;
 }
 
+std::vector<RowRewrites> PolicyDriver::take_rewrites() {
+  std::vector<RowRewrites> rewrites;
+  for (Head& head : heads_) {
+    for (RowRewrites& r : head.rewrites) rewrites.push_back(std::move(r));
+    head.rewrites.clear();
+  }
+  return rewrites;
+}
+
 int PolicyDriver::max_slots() const {
   int most = 0;
   for (const Head& head : heads_) most = std::max(most, head.state->size());
@@ -167,6 +187,7 @@ void PolicyDriver::append(Head& head, int64_t position, const NewToken& token, b
   }
   head.state->append(static_cast<int>(position), token);
   head.columns.push_back(column);
+  if (rewrites_) head.zeroed.push_back(0);
 }
 
 void PolicyDriver::see(Head& head, int64_t position) {
@@ -197,27 +218,67 @@ void PolicyDriver::record_visible(const Head& head, int kv, int64_t r, int64_t r
 }
 
 void PolicyDriver::compress(Head& head, int kv, int64_t position) {
-  if ((position < prefill_len_ - 1 && !ends_prefill_block(position)) || !head.state->compress(&head.keep)) return;
-  const std::vector<int>& keep = head.keep;
-  std::vector<int> kept(keep.size());
-  for (size_t k = 0; k < keep.size(); ++k) kept[k] = head.columns[keep[k]];
-  if (columns_ == SlotColumns::CacheRows) {
-    // Rows below the kept count that stay are left alone; each kept row at or above it
-    // moves into the lowest free row below it: one row copy per eviction, not a rewrite.
-    const int count = static_cast<int>(kept.size());
-    std::vector<char> used(count, 0);
-    for (int row : kept)
-      if (row < count) used[row] = 1;
-    int free_row = 0;
-    for (int& row : kept) {
-      if (row < count) continue;
-      while (used[free_row]) ++free_row;
-      used[free_row] = 1;
-      head.moves.push_back({kv, row, free_row});
-      row = free_row;
+  if (position < prefill_len_ - 1 && !ends_prefill_block(position)) return;
+  const bool evicted = head.state->compress(&head.keep);
+  if (evicted && rewrites_) {
+    std::vector<int> zeroed(head.keep.size());
+    head.zeroed_total = 0;
+    for (size_t k = 0; k < head.keep.size(); ++k) head.zeroed_total += zeroed[k] = head.zeroed[head.keep[k]];
+    head.zeroed.swap(zeroed);
+  }
+  if (evicted) {
+    const std::vector<int>& keep = head.keep;
+    std::vector<int> kept(keep.size());
+    for (size_t k = 0; k < keep.size(); ++k) kept[k] = head.columns[keep[k]];
+    if (columns_ == SlotColumns::CacheRows) {
+      // Rows below the kept count that stay are left alone; each kept row at or above it
+      // moves into the lowest free row below it: one row copy per eviction, not a rewrite.
+      const int count = static_cast<int>(kept.size());
+      std::vector<char> used(count, 0);
+      for (int row : kept)
+        if (row < count) used[row] = 1;
+      int free_row = 0;
+      for (int& row : kept) {
+        if (row < count) continue;
+        while (used[free_row]) ++free_row;
+        used[free_row] = 1;
+        head.moves.push_back({kv, row, free_row});
+        row = free_row;
+      }
+    }
+    head.columns.swap(kept);
+  }
+  if (rewrites_) take_state_rewrites(head, kv, position);
+}
+
+void PolicyDriver::take_state_rewrites(Head& head, int kv, int64_t position) {
+  SlotRewrites& slots = head.slot_rewrites;
+  slots.clear();
+  if (!head.state->take_rewrites(&slots) || slots.empty()) return;
+  // The caller computed this block's logits from what it held at the block's start, so a
+  // rewrite inside the block would reach the block's later queries too late.
+  if (position != block_last_)
+    throw Error("internal: a policy rewrote kept slots at position " + std::to_string(position) +
+                ", inside a block of queries that ends at " + std::to_string(block_last_));
+  const int n = head.state->size(), channels = static_cast<int>(slots.zeroed_channels.size());
+  auto column = [&](int slot) {
+    if (slot < 0 || slot >= n) throw Error("internal: a rewrite names slot " + std::to_string(slot) + " of " + std::to_string(n));
+    return head.columns[slot];
+  };
+  RowRewrites rows;
+  rows.kv_head = kv;
+  rows.zeroed_channels = slots.zeroed_channels;
+  for (int slot : slots.key_slots) {
+    rows.key_columns.push_back(column(slot));
+    // A slot pruned twice counts the larger set of zeroed channels.
+    if (channels > head.zeroed[slot]) {
+      head.zeroed_total += channels - head.zeroed[slot];
+      head.zeroed[slot] = channels;
     }
   }
-  head.columns.swap(kept);
+  for (int slot : slots.value_slots) rows.value_columns.push_back(column(slot));
+  rows.value_deltas = std::move(slots.value_deltas);
+  head.rewrites.push_back(std::move(rows));
 }
 
 template <typename Scalar>
@@ -239,7 +300,11 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
       if (first + r < prefill_len_ - 1 && ends_prefill_block(first + r))
         throw Error("internal: a block of the prefill runs past position " + std::to_string(first + r) +
                     ", where the policy compresses (prefill_block " + std::to_string(prefill_block_) + ")");
-  for (Head& head : heads_) head.row_slots.assign(rows, 0);
+  block_last_ = first + rows - 1;
+  for (Head& head : heads_) {
+    head.row_slots.assign(rows, 0);
+    if (rewrites_) head.row_zeroed.assign(rows, 0);
+  }
   auto merged = [&](int64_t r, int64_t kv) { return merges && merges[r * n_kv + kv]; };
   const bool parallel = rows * n * n_kv * group_ >= kParallelLogits;
   if (!lockstep_) {
@@ -251,6 +316,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
           const int64_t position = first + r;
           append(head, position, tokens.token(r, n_kv, static_cast<int>(kv)), merged(r, kv));
           head.row_slots[r] = head.state->size();
+          if (rewrites_) head.row_zeroed[r] = head.zeroed_total;
           see(head, position);
           for (int j = 0; j < group_; ++j) head.visible = attend(head, static_cast<int>(kv), j, r, rows, n, logits);
           record_visible(head, static_cast<int>(kv), r, rows, n, visible_out);
@@ -267,6 +333,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
       for (int kv = 0; kv < n_kv; ++kv) {
         append(heads_[kv], position, tokens.token(r, n_kv, kv), merged(r, kv));
         heads_[kv].row_slots[r] = heads_[kv].state->size();
+        if (rewrites_) heads_[kv].row_zeroed[r] = heads_[kv].zeroed_total;
         see(heads_[kv], position);
       }
       // The query heads' softmaxes are independent: they share the threads.
@@ -294,6 +361,14 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
       peak_head_slots_ = std::max(peak_head_slots_, head.row_slots[r]);
     }
     peak_total_slots_ = std::max(peak_total_slots_, total);
+    if (rewrites_) {
+      int64_t elements = 2 * static_cast<int64_t>(head_dim_) * total;
+      for (const Head& head : heads_) elements -= head.row_zeroed[r];
+      if (elements > peak_total_elements_) {
+        peak_total_elements_ = elements;
+        peak_elements_slots_ = total;
+      }
+    }
   }
   last_visible_ = 0;
   for (const Head& head : heads_) last_visible_ = std::max(last_visible_, head.visible);

@@ -62,6 +62,17 @@ struct RowMove {
   int kv_head, from, to;
 };
 
+// What a compression rewrote in what one KV head holds (SlotRewrites, with each slot
+// turned into its column: the cache row after the compression's row moves, or the
+// position). The caller carries it out before the next query attends.
+struct RowRewrites {
+  int kv_head = 0;
+  std::vector<int> key_columns;      // these keys have zeroed_channels set to 0
+  std::vector<int> zeroed_channels;  // ascending
+  std::vector<int> value_columns;    // value_deltas[i * head_dim ...] adds to value_columns[i]
+  std::vector<float> value_deltas;
+};
+
 class PolicyDriver {
  public:
   PolicyDriver(const RealisablePolicy& policy, int layer, const SequenceShape& shape, int64_t sliding_window,
@@ -96,6 +107,14 @@ class PolicyDriver {
   // carry out before the next query (then they are forgotten).
   std::vector<RowMove> take_moves();
 
+  // The policy rewrites kept slots (RealisablePolicy::rewrites_slots). A rewrite may only
+  // come at the last query of a rows() call (an internal error otherwise), so the caller,
+  // which computed the block's logits from what it held, carries it out after the call:
+  // after take_moves' row moves, before the next rows() call.
+  bool rewrites() const { return rewrites_; }
+  // The rewrites since the last call (then they are forgotten).
+  std::vector<RowRewrites> take_rewrites();
+
   // Called for each query and KV head after the query attended and the policy observed
   // it, before the policy compresses: where a quantized cache runs its flush schedule
   // (harness/common/kv_quant.h). It may run on the head's own thread.
@@ -120,6 +139,11 @@ class PolicyDriver {
   int64_t peak_total_slots() const { return peak_total_slots_; }  // summed over the KV heads
   int peak_head_slots() const { return peak_head_slots_; }         // of any one KV head
   int last_visible() const { return last_visible_; }  // slots the last query saw, most over heads
+  // For a policy that rewrites: the key and value elements held (2 x head_dim per slot,
+  // the shape's head_dim, less each key channel a rewrite zeroed), summed over the KV
+  // heads, at the query where they were most; and the slots held at that query.
+  int64_t peak_total_elements() const { return peak_total_elements_; }
+  int64_t peak_elements_slots() const { return peak_elements_slots_; }
 
  private:
   PolicyDriver() = default;
@@ -134,6 +158,13 @@ class PolicyDriver {
     // Its row moves since take_moves; per head, because heads may compress on
     // threads of their own.
     std::vector<RowMove> moves;
+    // A policy that rewrites: its rewrites since take_rewrites, and per slot the key
+    // channels zeroed (their sum in zeroed_total; row_zeroed: that sum after each append).
+    std::vector<RowRewrites> rewrites;
+    SlotRewrites slot_rewrites;  // scratch
+    std::vector<int> zeroed;
+    int64_t zeroed_total = 0;
+    std::vector<int64_t> row_zeroed;
     int visible = 0;                  // slots its latest query saw
     const char* vis = nullptr;        // the latest query's pattern (null: no pattern)
     int64_t oldest = 0;               // the oldest position the latest query sees
@@ -152,6 +183,8 @@ class PolicyDriver {
   int attend(Head& head, int kv, int member, int64_t r, int64_t rows, int64_t n, Scalar* logits);
   void record_visible(const Head& head, int kv, int64_t r, int64_t rows, int64_t n, char* visible_out) const;
   void compress(Head& head, int kv, int64_t position);
+  // Takes the state's rewrites after its compression at `position`.
+  void take_state_rewrites(Head& head, int kv, int64_t position);
   // The query at `position` is the last of a block of the prefill (prefill_block_).
   bool ends_prefill_block(int64_t position) const {
     return prefill_block_ > 0 && (position + 1) % prefill_block_ == 0;
@@ -167,6 +200,9 @@ class PolicyDriver {
   bool lockstep_ = false;
   bool same_slots_ = false;
   int64_t block_first_ = 0;  // Versions: the block's first position
+  bool rewrites_ = false;    // RealisablePolicy::rewrites_slots
+  int64_t block_last_ = -1;  // the last position of the current rows() call
+  int64_t peak_total_elements_ = 0, peak_elements_slots_ = 0;
   std::vector<Head> heads_;
   AttendedHook attended_;
   int64_t peak_total_slots_ = 0;
