@@ -219,6 +219,20 @@ TEST_CASE("mathqa_cot runs on stories260K under the full cache and decoding+h2o"
     CHECK(result.metrics[1].name == "answer_found");
     for (const auto& m : result.metrics) CHECK((m.value >= 0 && m.value <= 1));
     if (policy != "full") CHECK(result.agreement_with_full.has_value());
+    // Its predictions carry the task's score and the gold letter, not ROUGE.
+    const std::string predictions = test::temp_dir("mathqa_cot_predictions") + "/p.jsonl";
+    write_predictions(result, config, predictions);
+    std::ifstream lines(predictions);
+    std::string line;
+    int rows = 0;
+    while (std::getline(lines, line)) {
+      const nlohmann::json row = nlohmann::json::parse(line);
+      CHECK(row.at("score").get<double>() == result.docs.at(rows).score);
+      CHECK(row.at("reference").get<std::string>().size() == 1);
+      CHECK_FALSE(row.contains("rouge1"));
+      ++rows;
+    }
+    CHECK(rows == 3);
 
     // The same generations, one by one: at most kNewTokens each, and decoding+h2o's cache
     // at most the prompt plus one interval (no budget: the prompt enters whole).
