@@ -16,8 +16,8 @@
 //
 // The text is cleaned before it is shown (the multiple-choice `mathqa` task is not: it
 // keeps lm-eval's bytes): repair_spaced_mojibake on Problem, options and Rationale
-// (MathQA's "ã —" for "×" and the like); the Rationale's enclosing double quotes (on 2232
-// items, an artefact of the CSV the dataset came from) removed; the 66 `options` written as
+// (MathQA's "ã —" for "×" and the like: 102 rationales and 13 problems); the Rationale's
+// enclosing double quotes (2232 items have them, the rest none) removed; the 66 `options` written as
 // a Python list ("['a ) 2 : 3', 'b ) 4 : 5', ...]") rewritten as the other 2919 are
 // ("a ) 2 : 3 , b ) 4 : 5 , ..."). No ftfy pass: its NFKC would rewrite signs the
 // rationales use ("²" to "2", "½" to "1⁄2").

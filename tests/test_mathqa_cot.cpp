@@ -162,6 +162,18 @@ TEST_CASE("mathqa_cot on the real file: cleaned text, every item, never its own 
     with_quoted_rationale += doc.prompt.find("Rationale: \"") != std::string::npos;
   }
   CHECK(with_mojibake == 0);
+  // The repair touches what the README says it does (counted in Python by the same rule).
+  int problems_repaired = 0, rationales_repaired = 0, options_repaired = 0;
+  for (const auto& item : test::read_json(test::data("mathqa/test.json"))) {
+    for (const auto& [field, count] : {std::pair<const char*, int*>{"Problem", &problems_repaired},
+                                       {"Rationale", &rationales_repaired}, {"options", &options_repaired}}) {
+      const std::string text = item.at(field).get<std::string>();
+      *count += repair_spaced_mojibake(text) != text;
+    }
+  }
+  CHECK(problems_repaired == 13);
+  CHECK(rationales_repaired == 102);
+  CHECK(options_repaired == 0);
   CHECK(with_list_options == 0);
   CHECK(with_quoted_rationale == 0);
   // Item 0 (correct "a") as the query, and its answer.
