@@ -138,7 +138,8 @@ class Task {
     return generation_docs(options);
   }
   // Generation tasks that score their own answers (the long-context tasks: RULER's string
-  // match, NIAH's ROUGE) override this; nullopt leaves scoring to the evaluator's ROUGE.
+  // match, NIAH's ROUGE; mathqa_cot's answer letter) override this; nullopt leaves
+  // scoring to the evaluator's ROUGE.
   // `predictions` are the generated texts, one per document, in order.
   virtual std::optional<GenerationScores> score_generations(const std::vector<GenerationDoc>&,
                                                             const std::vector<std::string>&) const {
@@ -146,8 +147,8 @@ class Task {
   }
 };
 
-// "copa", "piqa", "winogrande", "openbookqa", "rte", "mathqa", "xsum", "cnndm", "perplexity",
-// the RULER-style "ruler_*" tasks and "niah".
+// "copa", "piqa", "winogrande", "openbookqa", "rte", "mathqa", "mathqa_cot", "xsum", "cnndm",
+// "perplexity", the RULER-style "ruler_*" tasks and "niah".
 std::unique_ptr<Task> make_task(const std::string& name);
 std::vector<std::string> task_names();
 

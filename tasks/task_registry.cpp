@@ -15,6 +15,7 @@ std::unique_ptr<Task> make_winogrande_task();
 std::unique_ptr<Task> make_openbookqa_task();
 std::unique_ptr<Task> make_rte_task();
 std::unique_ptr<Task> make_mathqa_task();
+std::unique_ptr<Task> make_mathqa_cot_task();
 std::unique_ptr<Task> make_xsum_task();
 std::unique_ptr<Task> make_cnndm_task();
 std::unique_ptr<Task> make_perplexity_task();
@@ -41,6 +42,7 @@ const std::vector<std::pair<std::string, std::function<std::unique_ptr<Task>()>>
       {"openbookqa", make_openbookqa_task},
       {"rte", make_rte_task},
       {"mathqa", make_mathqa_task},
+      {"mathqa_cot", make_mathqa_cot_task},
       {"xsum", make_xsum_task},
       {"cnndm", make_cnndm_task},
       {"perplexity", make_perplexity_task},

@@ -852,6 +852,19 @@ std::vector<Case> cases() {
                         kvevict::test::data("models/stories260K-hf");
                },
                {"train.json", "malformed JSON"}});
+  c.push_back({"data files", "mathqa_cot: an item without a Rationale (the multiple-choice task never reads it)",
+               [](const std::string& d) {
+                 write(d + "/data/mathqa/test.json",
+                       R"([{"Problem": "p", "options": "a ) 1 , b ) 2 , c ) 3 , d ) 4 , e ) 5", "correct": "a"}])");
+                 return "--data-dir " + d + "/data eval --task mathqa_cot --model " + kvevict::test::data("models/stories260K-hf");
+               },
+               {"test.json", "item 0", "\"Rationale\""}});
+  c.push_back({"flags", "mathqa_cot with --pipeline h2o (no prompt file of H2O's for it)",
+               [](const std::string& d) {
+                 return "--data-dir " + d + "/data eval --task mathqa_cot --pipeline h2o --model " +
+                        kvevict::test::data("models/stories260K-hf");
+               },
+               {"mathqa_cot", "--pipeline h2o", "--pipeline lm-eval"}});
   auto cnndm_case = [&](const std::string& name, const json& patch_line, std::vector<std::string> expected) {
     c.push_back({"data files", name,
                  [=](const std::string& d) {
@@ -1235,7 +1248,7 @@ std::vector<Case> cases() {
 
 TEST_CASE("bad inputs: one clear line, a non-zero exit, no signal, files untouched", "[errors][bad-input]") {
   const auto all = cases();
-  REQUIRE(all.size() >= 310);  // the table's size today: a case lost is a failure
+  REQUIRE(all.size() >= 312);  // the table's size today: a case lost is a failure
   int clean = 0;
   std::map<std::string, std::pair<int, int>> per_group;  // group -> (clean, cases)
   // KVEVICT_BAD_INPUT_FILTER=TEXT runs only the cases whose group or name contains TEXT.

@@ -441,7 +441,7 @@ TEST_CASE("agreement between a policy run and the full-cache run", "[tasks][metr
 
 TEST_CASE("task registry", "[tasks]") {
   CHECK(task_names() == std::vector<std::string>{"copa", "piqa", "winogrande", "openbookqa", "rte",
-                                                 "mathqa", "xsum", "cnndm", "perplexity",
+                                                 "mathqa", "mathqa_cot", "xsum", "cnndm", "perplexity",
                                                  "ruler_niah_single_1", "ruler_niah_single_2", "ruler_niah_single_3",
                                                  "ruler_niah_multikey_1", "ruler_niah_multikey_2",
                                                  "ruler_niah_multikey_3", "ruler_niah_multivalue",
@@ -455,7 +455,7 @@ TEST_CASE("task registry", "[tasks]") {
 
   const std::string message = error_of([] { make_task("hellaswag"); });
   CHECK(message.find("hellaswag") != std::string::npos);
-  CHECK(message.find("copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm, perplexity") !=
+  CHECK(message.find("copa, piqa, winogrande, openbookqa, rte, mathqa, mathqa_cot, xsum, cnndm, perplexity") !=
         std::string::npos);
 }
 

@@ -282,7 +282,7 @@ void add_eval_flags(CLI::App& cmd, EvalArgs& a) {
   CLI::App* eval_cmd = &cmd;
   eval_cmd->add_option("--model", a.model, "Hugging Face model directory (default: the bundled stories260K)");
   eval_cmd->add_option("--task", a.task,
-                       "copa, piqa, winogrande, openbookqa, rte, mathqa, xsum, cnndm, perplexity, a long-context task "
+                       "copa, piqa, winogrande, openbookqa, rte, mathqa, mathqa_cot, xsum, cnndm, perplexity, a long-context task "
                        "(ruler_niah_single_1, ..., ruler_vt, ruler_cwe, ruler_fwe, niah)")
       ->required();
   eval_cmd->add_option("--length", a.length, "long-context tasks: prompt plus answer length in the model's tokens")

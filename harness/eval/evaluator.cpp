@@ -421,6 +421,7 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
       outcome.reference = docs[d].reference;
       if (own) {
         outcome.score = own->per_doc.at(d);
+        outcome.task_scored = true;
         if (long_context) outcome.long_context = docs[d];
       } else {
         outcome.rouge = rouge_scores(docs[d].reference, generation.text);
@@ -560,9 +561,13 @@ void write_predictions(const EvalResult& result, const EvalConfig& config, const
     } else {
       j["prediction"] = d.generated;
       j["reference"] = d.reference;
-      j["rouge1"] = d.rouge.rouge1;
-      j["rouge2"] = d.rouge.rouge2;
-      j["rougeL"] = d.rouge.rougeL;
+      if (d.task_scored) {
+        j["score"] = d.score;  // mathqa_cot: 1 when the answer letter is right
+      } else {
+        j["rouge1"] = d.rouge.rouge1;
+        j["rouge2"] = d.rouge.rouge2;
+        j["rougeL"] = d.rouge.rougeL;
+      }
     }
     out += j.dump() + "\n";
   }

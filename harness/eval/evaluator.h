@@ -31,6 +31,7 @@ struct DocOutcome {
   // Long-context tasks: the document as generated and the task's own score of the answer.
   std::optional<GenerationDoc> long_context;
   double score = 0;
+  bool task_scored = false;  // `score` is the task's own (Task::score_generations), not ROUGE
   // Shared-context evaluation: each turn's answer and its string_match_all score (score
   // is their mean).
   std::vector<std::string> turn_answers;
