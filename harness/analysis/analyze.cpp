@@ -102,7 +102,8 @@ PowerLawFit fit_power_law(const std::vector<double>& sorted) {
 // Whether a policy's recall runs beside full attention: a realisable policy that reads no
 // queries (the observer hands the recall each block's keys and values, not its queries).
 bool recall_runs(const Policy& policy) {
-  return policy.realisable() && policy.as_realisable()->token_vectors() != TokenVectors::KeysValuesAndQueries;
+  return policy.realisable() && policy.as_realisable()->token_vectors() != TokenVectors::KeysValuesAndQueries &&
+         policy.prepass() == Prepass::None;
 }
 
 // One recall policy at one budget: its driver per layer, run beside full attention.
@@ -391,6 +392,9 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
     const auto policy = make_policy(name, o);
     if (!policy->realisable())
       out.notes.push_back(name + ": sim-only (it needs " + policy->as_sim_only()->needs() + "), no recall");
+    else if (policy->prepass() != Prepass::None)
+      out.notes.push_back(name + ": scores the context by a pre-pass of the model (KVzip's reconstruction), which "
+                          "the recall's single pass does not run, no recall");
     else if (!recall_runs(*policy))
       out.notes.push_back(name + ": reads each token's queries, which the recall's attention observer does not "
                           "hand over, no recall");
