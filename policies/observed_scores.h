@@ -16,14 +16,20 @@ enum class Prepass {
   // KVzip: the model repeats the context; a context KV's score is the most attention any
   // reconstruction query of its KV head's group pays it (policies/kvzip.cpp).
   ContextReconstruction,
+  // DuoAttention's calibration: a KV head's score is the attention its query group pays a
+  // passkey's needle from the question's rows (policies/duo_attention.cpp); one table per
+  // model, positions 1.
+  PasskeyRetrieval,
 };
 
 struct ObservedScores {
+  Prepass kind = Prepass::None;
   int n_layers = 0;
   int n_kv_heads = 0;
   int positions = 0;          // the table covers positions 0 .. positions-1
   std::vector<float> values;  // [layer][KV head][position]
-  // The pre-pass's cost, for reports: tokens it ran through the model, and its wall time.
+  // The pre-pass's cost, for reports: tokens it ran through the model, and its wall time
+  // (a sequence's own pass; a calibration runs once per model and counts in none).
   int64_t tokens = 0;
   double seconds = 0;
 

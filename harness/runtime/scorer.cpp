@@ -35,7 +35,7 @@ void push_prefill_blocks(const Policy& policy, const std::vector<int>& tokens, i
 
 // The pre-pass's cost (SequenceShape::observed), in the statistics of the sequence it ran for.
 void add_prepass_cost(const SequenceShape& shape, KvStats* kv) {
-  if (!shape.observed) return;
+  if (!shape.observed || shape.observed->kind != Prepass::ContextReconstruction) return;
   kv->prepass_tokens = shape.observed->tokens;
   kv->prepass_context = shape.observed->positions;
   kv->prepass_seconds = shape.observed->seconds;
