@@ -77,7 +77,7 @@ class KVzipPolicy : public ScoredPolicy {
   void check_table(const SequenceShape& shape) const {
     if (!shape.observed)
       throw Error("policy kvzip scores the context by a reconstruction pre-pass, which this command does not run "
-                  "(use eval, sweep or serve)");
+                  "(eval, sweep, serve, generate and perplexity do)");
     const ObservedScores& table = *shape.observed;
     if (table.n_layers != shape.n_layers || table.n_kv_heads != shape.n_kv_heads ||
         table.values.size() != static_cast<size_t>(table.n_layers) * table.n_kv_heads * table.positions)
