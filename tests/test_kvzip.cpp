@@ -3,7 +3,7 @@
 // sinks and the tokens after the context, and the budget at every step, layer and head;
 // on stories260K, the pre-pass's table against a brute-force maximum over the full
 // attention matrices of [context, repeat prompt, context], sim mode == decode mode, and
-// the one-line refusals.
+// the one-line refusals, eval's cost fields and analyze's note.
 #include <algorithm>
 #include <fstream>
 #include <cmath>
@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/analysis/analyze.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
 #include "harness/runtime/attention.h"
@@ -287,4 +288,21 @@ TEST_CASE("results files from before prepass_token_ratio still read", "[policies
   const auto rows = read_results_csv(path);
   REQUIRE(rows.size() == 1);
   CHECK(!rows[0].prepass_token_ratio);
+}
+
+TEST_CASE("analyze's recall leaves kvzip out with a note: its single pass runs no reconstruction",
+          "[policies][kvzip][analyze]") {
+  const auto all = test::golden_tokens();
+  const std::vector<int> tokens(all.begin(), all.begin() + 40);
+  AnalyzeOptions options;
+  options.recall_policies = {"kvzip", "h2o"};
+  options.recall_budgets = {0.5};
+  const AttentionAnalysis analysis = analyze_attention(test::stories(), {tokens}, options);
+  bool noted = false;
+  for (const std::string& note : analysis.notes) noted = noted || note.rfind("kvzip: scores the context by a pre-pass", 0) == 0;
+  CHECK(noted);
+  for (const auto& layer : analysis.layers) {
+    CHECK(layer.recall.count("kvzip") == 0);
+    CHECK(layer.recall.count("h2o") == 1);
+  }
 }
