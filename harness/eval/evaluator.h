@@ -47,7 +47,8 @@ struct EvalResult {
   // A DMC model: the share of merge decisions, mean over requests, layers and KV heads.
   std::optional<double> dmc_merge_rate;
   // A policy's pre-pass (KVzip's reconstruction): the tokens it ran per context token it
-  // scored, over all requests (about 2), and its wall time, which `seconds` includes.
+  // scored, over all requests (about 2), and its wall time summed over the requests (which
+  // may run on several threads at once, so the sum can pass `seconds`).
   std::optional<double> prepass_token_ratio;
   std::optional<double> prepass_seconds;
   double seconds = 0;
