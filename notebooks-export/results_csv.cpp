@@ -349,6 +349,7 @@ const std::vector<ResultColumn>& result_column_table() {
       {"kv_bytes_peak", &R::kv_bytes_peak, Role::measurement},
       {"kv_bytes_full", &R::kv_bytes_full, Role::measurement},
       {"dmc_merge_rate", &R::dmc_merge_rate, Role::measurement},
+      {"prepass_token_ratio", &R::prepass_token_ratio, Role::measurement},
       {"seconds", &R::seconds, Role::measurement},
       {"version", &R::version, Role::provenance},
   };

@@ -57,6 +57,8 @@ struct ResultRow {
   std::optional<std::int64_t> kv_bytes_full;  // the fp16 cache of the tokens held at that peak
   // A DMC model: the share of merge decisions, mean over layers and KV heads (docs/DMC.md).
   std::optional<double> dmc_merge_rate;
+  // A policy's pre-pass (KVzip): tokens run per context token scored (harness/runtime/prepass.h).
+  std::optional<double> prepass_token_ratio;
   std::optional<double> seconds;
   std::string version;
 

@@ -177,6 +177,7 @@ class CamPolicy : public RealisablePolicy {
   }
   int prefill_block() const override { return inner_->as_realisable()->prefill_block(); }
   bool rewrites_slots() const override { return true; }
+  Prepass prepass() const override { return inner_->prepass(); }
 
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
     if (shape.head_dim < 1) throw Error("internal: policy " + name() + " needs the model's head_dim");

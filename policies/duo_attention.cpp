@@ -22,8 +22,21 @@
 // .tsv) or commas (.csv), one row per line, blank lines ignored; or JSON: an array of
 // layers, each an array of numbers. A field that is not a finite number, rows of different
 // lengths, or a shape that is not the model's layers x KV heads is refused, naming the
-// file. The file is only read as numbers. Calibration without a file (each head's
-// retrieval score on a synthetic passkey prompt) is not implemented: the file is required.
+// file. The file is only read as numbers.
+//
+// Or, with calibration passkey instead of a file, the scores come from the model itself
+// (the runtime's pre-pass, harness/runtime/prepass.h, once per model): a synthetic passkey
+// prompt (Mohtashami and Jaggi 2023's passkey retrieval, the kind of data DuoAttention
+// trains its gates on: filler text, the needle "The pass key is K. Remember it. K is the
+// pass key." at half depth, then "What is the pass key? The pass key is") runs with full
+// attention, and a KV head's score is
+//   s_{l,h} = mean over the question's rows i and the query heads g of h's group of
+//             sum over the needle's tokens j of attention_{l,g}(i, j),
+// the share of attention the question pays the needle: a retrieval head looks back at it,
+// a streaming head attends its sinks and neighbours. (kvpress's own on-the-fly scoring is a
+// different proxy, over BookSum's mean queries and keys; this follows the issue's passkey
+// retrieval score.) The same round(ratio x L x H) lowest become streaming heads. A pattern
+// file and calibration passkey together are refused.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -41,6 +54,9 @@ namespace {
 
 const ParamSpec kPatternFile = ParamSpec::text(
     "pattern_file", "duo-attention: the heads' scores, [layer][KV head] (DuoAttention's full_attention_heads.tsv, CSV or JSON)");
+const ParamSpec kCalibration = ParamSpec::choice(
+    "calibration", {"none", "passkey"},
+    "duo-attention: passkey scores the heads on the model itself (attention to a synthetic passkey), instead of a pattern_file");
 const ParamSpec kHeadCompressionRatio =
     ParamSpec::real("head_compression_ratio", 0.5, "duo-attention: share of KV heads made streaming (the lowest-scoring)")
         .at_least(0)
@@ -184,11 +200,17 @@ class DuoAttentionPolicy : public RealisablePolicy {
       throw Error(std::string(options_.kv_quant.keys->memory) +
                   " sizes every KV head's cache; policy duo-attention's retrieval heads keep every token (give it "
                   "--budget or --budget-tokens, the streaming heads' size)");
+    if (calibrated_ && !pattern_file_.empty())
+      throw Error("policy duo-attention takes its heads' scores from " + kPatternFile.cli_flag() + " or from " +
+                  kCalibration.cli_flag() + " passkey, not both");
     if (!pattern_file_.empty())
       streaming_ = streaming_heads(load_head_scores(pattern_file_), options_.params.real(kHeadCompressionRatio));
   }
   std::string name() const override { return "duo-attention"; }
-  std::vector<const ParamSpec*> parameters() const override { return {&kSink, &kPatternFile, &kHeadCompressionRatio}; }
+  std::vector<const ParamSpec*> parameters() const override {
+    return {&kSink, &kPatternFile, &kCalibration, &kHeadCompressionRatio};
+  }
+  Prepass prepass() const override { return calibrated_ ? Prepass::PasskeyRetrieval : Prepass::None; }
   bool splits_budget() const override { return false; }
   int sink_tokens() const override { return static_cast<int>(options_.params.integer(kSink)); }
   Budget layer_budget(int layer, const SequenceShape& shape) const override {
@@ -206,16 +228,38 @@ class DuoAttentionPolicy : public RealisablePolicy {
     check_pattern(shape);
     LayerStates states;
     const Budget budget = layer_budget(layer, shape);
+    const std::vector<std::vector<char>> streaming = calibrated_ ? calibrated_streaming(*shape.observed) : streaming_;
     for (int h = 0; h < shape.n_kv_heads; ++h)
-      states.heads.push_back(std::make_unique<DuoHeadState>(budget, streaming_[layer][h] != 0));
+      states.heads.push_back(std::make_unique<DuoHeadState>(budget, streaming[layer][h] != 0));
     return states;
   }
 
  private:
+  // The heads the calibration's scores make streaming.
+  std::vector<std::vector<char>> calibrated_streaming(const ObservedScores& table) const {
+    HeadScores scores(table.n_layers, std::vector<double>(table.n_kv_heads));
+    for (int l = 0; l < table.n_layers; ++l)
+      for (int h = 0; h < table.n_kv_heads; ++h) scores[l][h] = table.at(l, h, 0);
+    return streaming_heads(scores, options_.params.real(kHeadCompressionRatio));
+  }
+
   void check_pattern(const SequenceShape& shape) const {
+    if (calibrated_) {
+      if (!shape.observed || shape.observed->kind != Prepass::PasskeyRetrieval)
+        throw Error("policy duo-attention with " + kCalibration.cli_flag() +
+                    " passkey needs the runtime's calibration pass, which this command does not run (use eval, sweep, "
+                    "serve, generate or perplexity)");
+      const ObservedScores& table = *shape.observed;
+      if (table.n_layers != shape.n_layers || table.n_kv_heads != shape.n_kv_heads || table.positions != 1)
+        throw Error("internal: duo-attention's calibration table is " + std::to_string(table.n_layers) + " x " +
+                    std::to_string(table.n_kv_heads) + " for a model of " + std::to_string(shape.n_layers) + " x " +
+                    std::to_string(shape.n_kv_heads));
+      return;
+    }
     if (pattern_file_.empty())
       throw Error("policy duo-attention needs " + kPatternFile.cli_flag() +
-                  " (the heads' scores: DuoAttention's full_attention_heads.tsv, a CSV or JSON [layer][KV head])");
+                  " (the heads' scores: DuoAttention's full_attention_heads.tsv, a CSV or JSON [layer][KV head]) or " +
+                  kCalibration.cli_flag() + " passkey");
     const int layers = static_cast<int>(streaming_.size()), heads = static_cast<int>(streaming_[0].size());
     if (layers != shape.n_layers || heads != shape.n_kv_heads)
       throw Error(pattern_where(pattern_file_) + ": " + std::to_string(layers) + " layers x " + std::to_string(heads) +
@@ -224,6 +268,7 @@ class DuoAttentionPolicy : public RealisablePolicy {
   }
 
   const std::string pattern_file_ = options_.params.text(kPatternFile);
+  const bool calibrated_ = options_.params.text(kCalibration) == "passkey";
   std::vector<std::vector<char>> streaming_;  // [layer][KV head]
 };
 }  // namespace

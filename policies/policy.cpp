@@ -57,6 +57,12 @@ bool Policy::states_agree(const SequenceShape& a, const SequenceShape& b) const 
                                a.n_layers == b.n_layers && a.n_q_heads == b.n_q_heads &&
                                a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim;
   if (!same_but_length) return false;
+  // A pre-pass's table (SequenceShape::observed) decides as much as the shape does.
+  if (a.observed != b.observed &&
+      (!a.observed || !b.observed || a.observed->positions != b.observed->positions ||
+       a.observed->n_layers != b.observed->n_layers || a.observed->n_kv_heads != b.observed->n_kv_heads ||
+       a.observed->values != b.observed->values))
+    return false;
   if (a.length == b.length || keeps_everything()) return true;
   return !options_.budget.is_ratio() && options_.kv_quant.memory <= 0;
 }

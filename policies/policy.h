@@ -17,6 +17,7 @@
 #include "harness/common/kv_quant.h"
 #include "policies/budget.h"
 #include "policies/head_slots.h"
+#include "policies/observed_scores.h"
 #include "policies/params.h"
 
 namespace kvevict {
@@ -31,7 +32,7 @@ struct PolicyOptions {
 extern const ParamSpec kGroupReduce;
 // Attention-sink tokens a policy always keeps (streamingllm, lagkv).
 inline const ParamSpec kSink =
-    ParamSpec::integer("n_sink", 4, "streamingllm/lagkv/expected-attention: attention-sink tokens always kept").at_least(0);
+    ParamSpec::integer("n_sink", 4, "streamingllm/lagkv/expected-attention/kvzip: attention-sink tokens always kept").at_least(0);
 
 // What a policy may read of a token as it enters a KV head's cache (LayerState::append):
 // its key's L2 norm always, and its key and value vectors (float32, head_dim each; the
@@ -68,6 +69,9 @@ struct SequenceShape {
   // i < rotary_dim / 2 = the size; the dims from rotary_dim on do not rotate. Empty: the
   // model has no RoPE (OPT's learned positions), or the shape is not a model's.
   std::vector<double> rope_inv_freq;
+  // What the policy's pre-pass observed (Policy::prepass; harness/runtime/prepass.h), made
+  // by the runtime before the sequence runs; null for a policy without one.
+  std::shared_ptr<const ObservedScores> observed;
   int group() const { return n_q_heads / n_kv_heads; }
 };
 
@@ -191,6 +195,9 @@ class Policy {
   virtual bool splits_budget() const { return !keeps_everything(); }
   virtual double default_heavy_share() const { return 0.5; }
   virtual int sink_tokens() const { return 0; }
+  // The pre-pass the runtime runs over a sequence's context before the sequence itself,
+  // its table handed over in SequenceShape::observed (observed_scores.h).
+  virtual Prepass prepass() const { return Prepass::None; }
 
   // The budget of one layer for a sequence (PyramidKV overrides it): split_budget of
   // policies/budget.h with this policy's sinks and default heavy share.

@@ -233,6 +233,7 @@ class ComposedPolicy : public RealisablePolicy {
 
   void validate(const SequenceShape& shape) const override { scored_->validate(shape); }
   TokenVectors token_vectors() const override { return scored_->token_vectors(); }
+  Prepass prepass() const override { return scored_->prepass(); }
   // The pattern and the heavy share are sized to the length.
   bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {
     return a.length == b.length && Policy::states_agree(a, b);

@@ -28,6 +28,7 @@ class WrapperPolicy : public Base {
   bool splits_budget() const override { return inner_->splits_budget(); }
   double default_heavy_share() const override { return inner_->default_heavy_share(); }
   int sink_tokens() const override { return inner_->sink_tokens(); }
+  Prepass prepass() const override { return inner_->prepass(); }
   Budget layer_budget(int layer, const SequenceShape& shape) const override { return inner_->layer_budget(layer, shape); }
   void validate(const SequenceShape& shape) const override { inner_->validate(shape); }
   bool states_agree(const SequenceShape& a, const SequenceShape& b) const override {

@@ -180,7 +180,7 @@ std::string xml_problem(const std::string& xml) {
 
 TEST_CASE("result columns are the tidy CSV schema", "[export]") {
   auto columns = kvevict::result_columns();
-  REQUIRE(columns.size() == 38);
+  REQUIRE(columns.size() == 39);
   CHECK(columns.front() == "model");
   CHECK(columns[15] == "pipeline");
   CHECK(columns[22] == "shared_context");
@@ -198,7 +198,7 @@ TEST_CASE("format_row quotes per RFC 4180 and leaves n/a fields empty", "[export
   row.seed = std::nullopt;
   CHECK(kvevict::format_row(row) ==
         "\"org/model, v2\",copa,full,,,,,,16,,,,stream,simulation,\"say \"\"hi\"\"\",lm-eval,,,,,,,,,,acc,,0.2,,100,"
-        ",,12.5,123456789012,,,1.5,0.1.0");
+        ",,12.5,123456789012,,,,1.5,0.1.0");
 }
 
 TEST_CASE("results CSV rows round-trip through append and read", "[export]") {
@@ -251,7 +251,7 @@ TEST_CASE("a torn last row is ignored, and repair truncates it", "[export]") {
   SECTION("a last line with its newline but too few fields is an error, not a torn write") {
     append_text(path, "tiny-llama,copa,h2o\n");
     CHECK_THAT(error_message([&] { kvevict::read_results_csv(path, true); }),
-               Catch::Contains(path + ":4:") && Catch::Contains("expected 38 fields"));
+               Catch::Contains(path + ":4:") && Catch::Contains("expected 39 fields"));
     CHECK(kvevict::test::read_text(path) == whole + "tiny-llama,copa,h2o\n");  // untouched
   }
   SECTION("a stray quote in the middle does not swallow the rest as a torn line") {
@@ -286,7 +286,7 @@ TEST_CASE("a malformed line in the middle is an error naming file:line", "[expor
   write_text(path, header + good + "tiny-llama,copa,broken\n" + good);
   auto message = error_message([&] { kvevict::read_results_csv(path, true); });
   CHECK_THAT(message, Catch::Contains(path + ":3:"));
-  CHECK_THAT(message, Catch::Contains("expected 38 fields"));
+  CHECK_THAT(message, Catch::Contains("expected 39 fields"));
   CHECK(kvevict::test::read_text(path) == header + good + "tiny-llama,copa,broken\n" + good);
 
   ResultRow bad_budget = make_row("copa", "h2o", 0.2, "acc", 0.7);

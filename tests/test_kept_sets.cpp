@@ -713,11 +713,12 @@ TEST_CASE("full keeps every token; every registered policy has its kept sets tes
   // The cases above, by policy. A policy added to the registry changes this list, and
   // with it gets a case here that says which tokens it keeps (keydiff and lagkv, which
   // read the key and value vectors: in test_query_free_policies.cpp; expected-attention,
-  // which reads the queries too: in test_expected_attention.cpp; duo-attention, which
+  // which reads the queries too: in test_expected_attention.cpp; kvzip, which reads its
+  // pre-pass's table: in test_kvzip.cpp; duo-attention, which
   // needs a pattern file: in test_critical_duo.cpp).
   const std::vector<std::string> tested = {"full",      "local",       "random",       "h2o",    "h2o-paper",
                                            "h2o-global", "streamingllm", "tova",        "snapkv", "pyramidkv",
                                            "scissorhands", "knorm",     "keydiff",      "lagkv",  "expected-attention",
-                                           "duo-attention", "sparse-strided", "sparse-fixed"};
+                                           "kvzip", "duo-attention", "sparse-strided", "sparse-fixed"};
   CHECK(policy_names() == tested);
 }

@@ -65,6 +65,10 @@ bool needs_pattern_file(const std::string& policy_name) {
   return false;
 }
 
+bool needs_prepass(const std::string& policy_name) {
+  return make_policy(policy_name, {})->prepass() != Prepass::None;
+}
+
 PolicyOptions runnable_on(const std::string& policy_name, const Model& model, PolicyOptions options) {
   if (!needs_pattern_file(policy_name)) return options;
   const int64_t layers = model.arch().n_layers, heads = model.arch().n_kv_heads;

@@ -33,6 +33,11 @@ std::string error_of(const std::function<void()>& fn);
 // it (they hold every head to the budget), and test_critical_duo.cpp runs it (kept sets,
 // budget, sim == decode).
 bool needs_pattern_file(const std::string& policy_name);
+// A registered policy that scores a sequence's context by a pre-pass of the model
+// (kvzip's reconstruction, Policy::prepass): it needs a prefill (no stream protocol) and
+// the runtime's table, so the model-free loops and the stream protocol's runs skip it,
+// and test_kvzip.cpp runs it (kept sets, budget, the table, sim == decode).
+bool needs_prepass(const std::string& policy_name);
 // `options`, and for a policy that needs a pattern file one written for `model`'s layers
 // x KV heads (made-up scores; at the default head_compression_ratio half the heads
 // stream), so the loops over every registered policy on a model run it too.

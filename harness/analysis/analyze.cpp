@@ -103,7 +103,7 @@ PowerLawFit fit_power_law(const std::vector<double>& sorted) {
 // queries (the observer hands the recall each block's keys and values, not its queries).
 bool recall_runs(const Policy& policy) {
   return policy.realisable() && policy.as_realisable()->token_vectors() != TokenVectors::KeysValuesAndQueries &&
-         !policy.as_realisable()->rewrites_slots();
+         !policy.as_realisable()->rewrites_slots() && policy.prepass() == Prepass::None;
 }
 
 // One recall policy at one budget: its driver per layer, run beside full attention.
@@ -395,6 +395,9 @@ AttentionAnalysis analyze_attention(const Model& model, const std::vector<std::v
     else if (policy->as_realisable()->rewrites_slots())
       out.notes.push_back(name + ": rewrites the keys or values it keeps, which the recall beside full attention "
                           "does not follow, no recall");
+    else if (policy->prepass() != Prepass::None)
+      out.notes.push_back(name + ": scores the context by a pre-pass of the model (KVzip's reconstruction), which "
+                          "the recall's single pass does not run, no recall");
     else if (!recall_runs(*policy))
       out.notes.push_back(name + ": reads each token's queries, which the recall's attention observer does not "
                           "hand over, no recall");

@@ -177,6 +177,8 @@ int run_eval(EvalArgs& a, const Invocation& at) {
     j["kv_bytes_peak"] = result.kv_bytes_peak;
     j["kv_bytes_full"] = result.kv_bytes_full;
     if (result.dmc_merge_rate) j["dmc_merge_rate"] = *result.dmc_merge_rate;
+    if (result.prepass_token_ratio) j["prepass_token_ratio"] = *result.prepass_token_ratio;
+    if (result.prepass_seconds) j["prepass_seconds"] = *result.prepass_seconds;
     j["kv_bits"] = config.policy_options.kv_quant.bits;
     j["seconds"] = result.seconds;
     std::cout << j.dump() << std::endl;

@@ -27,7 +27,12 @@ struct Usage {
   int64_t peak_full = 0;  // the fp16 bytes of the request with the largest peak
   double merge_rate_sum = 0;  // DMC: each request's mean over layers
   int merge_rate_requests = 0;
+  int64_t prepass_tokens = 0, prepass_context = 0;  // a policy's pre-pass, summed over requests
+  double prepass_seconds = 0;
   void add(const KvStats& kv) {
+    prepass_tokens += kv.prepass_tokens;
+    prepass_context += kv.prepass_context;
+    prepass_seconds += kv.prepass_seconds;
     if (!kv.dmc_merge_rate.empty()) {
       double rate = 0;
       for (double r : kv.dmc_merge_rate) rate += r;
@@ -458,6 +463,10 @@ EvalResult run(const Model& model, const EvalConfig& config, const Progress& pro
   result.kv_bytes_peak = usage.peak;
   result.kv_bytes_full = usage.peak_full;
   if (usage.merge_rate_requests > 0) result.dmc_merge_rate = usage.merge_rate_sum / usage.merge_rate_requests;
+  if (usage.prepass_context > 0) {
+    result.prepass_token_ratio = static_cast<double>(usage.prepass_tokens) / static_cast<double>(usage.prepass_context);
+    result.prepass_seconds = usage.prepass_seconds;
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }

@@ -47,6 +47,11 @@ struct EvalResult {
   int64_t kv_bytes_full = 0;  // that request's fp16 cache of the same tokens
   // A DMC model: the share of merge decisions, mean over requests, layers and KV heads.
   std::optional<double> dmc_merge_rate;
+  // A policy's pre-pass (KVzip's reconstruction): the tokens it ran per context token it
+  // scored, over all requests (about 2), and its wall time summed over the requests (which
+  // may run on several threads at once, so the sum can pass `seconds`).
+  std::optional<double> prepass_token_ratio;
+  std::optional<double> prepass_seconds;
   double seconds = 0;
   int n = 0;
   std::string haystack;  // long-context tasks: what fills the context

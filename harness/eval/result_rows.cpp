@@ -20,6 +20,7 @@ std::vector<ResultRow> eval_rows(const std::string& model, const EvalConfig& con
     row.kv_bytes_peak = result.kv_bytes_peak;
     row.kv_bytes_full = result.kv_bytes_full;
     row.dmc_merge_rate = result.dmc_merge_rate;
+    row.prepass_token_ratio = result.prepass_token_ratio;
     row.seconds = result.seconds;
     row.haystack = result.haystack;
     rows.push_back(row);

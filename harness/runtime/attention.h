@@ -40,6 +40,11 @@ struct KvStats {
   // A DMC model: per layer, the share of merge decisions (alpha = 1) among positions >= 1,
   // mean over the KV heads; empty otherwise. kept_per_head then counts slots.
   std::vector<double> dmc_merge_rate;
+  // A policy's pre-pass (harness/runtime/prepass.h) for this sequence: the tokens it ran
+  // through the model, the context it scored and its wall time; 0 without one.
+  int64_t prepass_tokens = 0;
+  int64_t prepass_context = 0;
+  double prepass_seconds = 0;
 };
 
 // Sees each block of query rows of full attention: queries first .. first+rows-1 of

@@ -10,6 +10,7 @@
 #include "harness/common/limits.h"
 #include "harness/model/rope.h"
 #include "harness/runtime/attention.h"
+#include "harness/runtime/prepass.h"
 
 namespace kvevict {
 
@@ -30,6 +31,14 @@ void push_prefill_blocks(const Policy& policy, const std::vector<int>& tokens, i
     pieces->push_back({std::vector<int>(tokens.begin() + from, tokens.begin() + to), from, cache});
     from = to;
   }
+}
+
+// The pre-pass's cost (SequenceShape::observed), in the statistics of the sequence it ran for.
+void add_prepass_cost(const SequenceShape& shape, KvStats* kv) {
+  if (!shape.observed || shape.observed->kind != Prepass::ContextReconstruction) return;
+  kv->prepass_tokens = shape.observed->tokens;
+  kv->prepass_context = shape.observed->positions;
+  kv->prepass_seconds = shape.observed->seconds;
 }
 
 }  // namespace
@@ -65,6 +74,7 @@ void check_policy_for_model(const Policy& policy, const Model& model) {
   // A byte budget that keeps no token of a request of the whole context keeps none of any.
   if (quant.memory > 0 && !policy.keeps_everything() && !model.arch().dmc.enabled())
     policy.layer_budget(0, shape_for(model, static_cast<int>(context), 0));
+  check_prepass_for_model(policy, model);
   if (model.arch().dmc.enabled()) {
     const SequenceShape shape = shape_for(model, static_cast<int>(context), 0);
     check_dmc_policy(policy, &shape);
@@ -170,6 +180,7 @@ ScoreStream::ScoreStream(const Model& model, const Policy& policy, Mode mode, Sc
   const int T = static_cast<int>(tokens.size());
   const int prefill_len = request_.prefill_len;
   shape_ = shape_for(model, request_.budget_length > 0 ? request_.budget_length : T, prefill_len);
+  attach_prepass(model, policy, tokens, prefill_len, &shape_);
   const SequenceShape& shape = shape_;
   policy.validate(shape);
   check_kv_quant_head_dim(policy.options().kv_quant, model.arch().head_dim);
@@ -222,6 +233,7 @@ SequenceScore ScoreStream::result() {
   rows_.clear();
   SequenceScore result;
   result.kv = sim_ ? sim_->stats() : cache_->stats();
+  add_prepass_cost(shape_, &result.kv);
   // argmax, log-softmax, targets and top-k run where the logits are; only per-row results
   // ([T], [T, top_k]) come to the host, never the [T, vocab] logits of a device run.
   auto argmax = logits.argmax(-1).to(torch::kCPU).contiguous();
@@ -442,6 +454,7 @@ GenerationStream::GenerationStream(const Model& model, const Policy& policy, std
   SequenceShape& shape = shape_;
   shape = shape_for(model, P - Q, options_.stream ? 0 : P - Q);
   shape.question_len = Q;
+  attach_prepass(model, policy, prompt, options_.stream ? 0 : P - Q, &shape);
   policy.validate(shape);
   check_kv_quant_head_dim(policy.options().kv_quant, model.arch().head_dim);
   attention_ = std::make_unique<CacheAttention>(model, policy, shape);
@@ -536,6 +549,7 @@ Generation GenerationStream::result() {
     if (cut != std::string::npos) out_.text = out_.text.substr(0, cut);
   }
   out_.kv = attention_->stats();
+  add_prepass_cost(shape_, &out_.kv);
   return out_;
 }
 
