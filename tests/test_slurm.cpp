@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "harness/common/files.h"
 #include "notebooks-export/results_csv.h"
 #include "tests/test_support.h"
 #include "tests/catch.h"
@@ -376,7 +377,7 @@ TEST_CASE("sweep --slurm and status refuse bad input with one line", "[slurm-cli
   auto shard_record = test::run_kvevict("sweep " + config + " --out " + out + " --slurm --shards 3 --dry-run");
   CHECK(is_one_line_error(shard_record));
   CHECK_THAT(shard_record.err, Catch::Contains(out + "/shards/0/config.json: not a kvevict sweep record (no \"config\")"));
-  fs::remove_all(fs::path(out) / "shards" / "0");
+  REQUIRE(remove_tree((fs::path(out) / "shards" / "0").string()));
   auto local = (fs::path(dir) / "local").string();
   REQUIRE(test::run_kvevict("sweep " + other + " --out " + local + " --limit 1").exit_code == 0);
   auto over_local = test::run_kvevict("sweep " + config + " --out " + local + " --slurm --shards 3 --dry-run");

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "harness/common/data_dir.h"
+#include "harness/common/files.h"
 #include "policies/registry.h"
 #include "harness/common/errors.h"
 #include "harness/model/model.h"
@@ -94,15 +95,14 @@ TempDir::TempDir(const std::string& name) : owner_pid_(::getpid()) {
   // The process id keeps concurrent test runs (ctest -j, other checkouts) apart.
   const auto dir = std::filesystem::temp_directory_path() /
                    ("kvevict_test_" + std::to_string(owner_pid_) + "_" + name);
-  std::filesystem::remove_all(dir);
+  if (!remove_tree(dir.string())) throw std::runtime_error("cannot remove " + dir.string());
   std::filesystem::create_directories(dir);
   path_ = dir.string();
 }
 
 TempDir::~TempDir() {
   if (::getpid() != owner_pid_) return;
-  std::error_code ignored;  // a destructor reports nothing; a folder it cannot remove stays
-  std::filesystem::remove_all(path_, ignored);
+  remove_tree(path_);  // a destructor reports nothing; a folder it cannot remove stays
 }
 
 namespace {

@@ -790,7 +790,7 @@ int bench_random_model(const BenchArgs& args, const ConfigObject& config) {
   const fs::path dir = fs::temp_directory_path() / ("kvevict_bench_model_" + std::to_string(::getpid()));
   struct RemoveAfter {
     fs::path dir;
-    ~RemoveAfter() { std::error_code ignored; fs::remove_all(dir, ignored); }
+    ~RemoveAfter() { remove_tree(dir.string()); }
   } remove_after{dir};
   fs::create_directories(dir);
   write_file_atomically((dir / "config.json").string(), random_model_config(a).dump(2) + "\n");

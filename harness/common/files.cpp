@@ -1,5 +1,9 @@
 #include "harness/common/files.h"
 
+#include <ftw.h>
+#include <cerrno>
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -179,6 +183,19 @@ std::uint64_t json_seed(const nlohmann::json& v, const std::string& where, const
     throw Error(where + ": key \"" + key + "\": " + v.dump() +
                 " is not a seed (an unsigned 64-bit integer, 0 to 18446744073709551615)");
   return v.get<std::uint64_t>();
+}
+
+bool remove_tree(const std::string& path) {
+  struct stat info;
+  if (::lstat(path.c_str(), &info) != 0) return errno == ENOENT;
+  // Depth first, so that a folder is empty when its turn comes; one that cannot be
+  // removed leaves the rest to be tried.
+  auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    ::remove(entry);
+    return 0;
+  };
+  ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  return ::lstat(path.c_str(), &info) != 0 && errno == ENOENT;
 }
 
 }  // namespace kvevict

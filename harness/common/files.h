@@ -27,6 +27,13 @@ std::uint64_t parse_seed(const std::string& text, const std::string& name);
 // The same rule for a JSON value: "WHERE: key \"KEY\": ...".
 std::uint64_t json_seed(const nlohmann::json& value, const std::string& where, const std::string& key);
 
+// Removes `path` and everything under it, following no symbolic link; true when nothing of
+// it is left (also when there was nothing). Not std::filesystem::remove_all: a PyTorch
+// wheel's libtorch.so exports a copy of it (from the manylinux toolchain's static
+// libstdc++ part) that the dynamic linker bound first and that called a null pointer
+// (seen on PyTorch 2.11's wheel, at the end of every run that removed a folder).
+bool remove_tree(const std::string& path);
+
 // The file's bytes; kvevict::Error "PATH: cannot open file" when it cannot be read.
 std::string read_text_file(const std::string& path);
 // JSON text parsed strictly: a key given twice in one object is an error (the JSON library

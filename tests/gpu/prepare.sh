@@ -14,10 +14,10 @@ rm -rf .gpu && mkdir -p .gpu/debs .gpu/data
 # OpenMP come with the image (a PyTorch wheel's LibTorch brings its own Sleef).
 packages=(
   nlohmann-json3-dev libcli11-dev catch2 libicu-dev libicu72 libsentencepiece-dev libsentencepiece0
-  libprotobuf-lite32 libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libbrotli-dev libbrotli1 zlib1g-dev
+  libprotobuf-lite32 libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 libbrotli-dev libbrotli1 zlib1g-dev
   libgoogle-perftools-dev libtcmalloc-minimal4 libgoogle-perftools4 libunwind8 libgmp-dev libgmp10 libgmpxx4ldbl
   pkgconf pkgconf-bin libpkgconf3
 )
 (cd .gpu/debs && apt-get download "${packages[@]}" >/dev/null)
-cp -r "$DATA/models" "$DATA/golden" "$DATA/text" .gpu/data/
+cp -r "$DATA/models" "$DATA/golden" "$DATA/text" "$DATA/mathqa" .gpu/data/
 du -sh .gpu/debs .gpu/data
