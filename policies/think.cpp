@@ -178,7 +178,9 @@ class ThinkPolicy : public RealisablePolicy {
   }
   TokenVectors token_vectors() const override { return TokenVectors::KeysValuesAndQueries; }
   int prefill_block() const override { return inner_->as_realisable()->prefill_block(); }
-  bool rewrites_slots() const override { return true; }
+  // At ratio 0 no channel is pruned: nothing is rewritten, and the token policy's own
+  // passes run it (sim mode's block path, not the per-query one a rewrite needs).
+  bool rewrites_slots() const override { return options_.params.real(kKeyChannelRatio) > 0; }
   Prepass prepass() const override { return inner_->prepass(); }
 
   LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {

@@ -580,6 +580,7 @@ TEST_CASE("think+ at key_channel_compression_ratio 0 is the token policy, number
   for (Mode mode : {Mode::Sim, Mode::Decode}) {
     const auto plain = score_sequence(test::stories(), *h2o, mode, tokens, 100);
     const auto pruned = score_sequence(test::stories(), *think, mode, tokens, 100);
+    INFO((mode == Mode::Sim ? "sim" : "decode"));
     CHECK(test::max_diff(plain.next_token_logprob, pruned.next_token_logprob) == 0);
     CHECK(plain.kv.peak_bytes == pruned.kv.peak_bytes);
     CHECK(plain.kv.kept_per_head == pruned.kv.kept_per_head);
