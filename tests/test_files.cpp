@@ -1,4 +1,3 @@
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -20,7 +19,6 @@ TEST_CASE("remove_tree removes a folder's whole tree and follows no link out of 
   std::ofstream(root / "top.txt") << "y";
   std::ofstream(outside / "kept.txt") << "z";
   fs::create_directory_symlink(outside, root / "a" / "link");
-  ::chmod((root / "a" / "b").c_str(), 0700);
 
   CHECK(remove_tree(root.string()));
   CHECK_FALSE(fs::exists(fs::symlink_status(root)));

@@ -1,9 +1,9 @@
 #include "harness/common/files.h"
 
 #include <ftw.h>
-#include <cerrno>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
