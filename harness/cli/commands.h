@@ -10,7 +10,7 @@ namespace kvevict {
 
 inline void add_runtime_flags(CLI::App& app, ModelOptions& options) {
   app.add_option("--device", options.device, "cpu or cuda")->capture_default_str();
-  app.add_option("--dtype", options.dtype, "float32, bfloat16 or float16")->capture_default_str();
+  app.add_option("--dtype", options.dtype, "float32, bfloat16, float16 or float64 (reference runs)")->capture_default_str();
   // 1024: beyond any machine this runs on; a typo's 100000 would make that many OpenMP threads.
   app.add_option("--threads", options.threads, "CPU threads (0, the default: all physical cores)")
       ->check(CLI::Range(0, 1024))->capture_default_str();
