@@ -367,24 +367,27 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy with a KIV
                 .find("is sim-only: it cannot run with --kv-quant kivi") != std::string::npos);
       continue;
     }
-    for (double budget : {0.2, 0.5})
-      for (int prefill : {0, 100})
-        for (int bits : {2, 4}) {
-          if (prefill == 0 && test::needs_prepass(name)) continue;  // it needs a prefill
-          PolicyOptions o;
-          o.budget.ratio = budget;
-          o.params.set("window", 8);
-          o.kv_quant = kivi(bits, 8, 16);
-          auto policy = make_policy(name, test::runnable_on(name, *model, o));
-          auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
-          auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
-          INFO(name << " budget " << budget << " prefill " << prefill << " bits " << bits);
-          CHECK(max_diff(sim.next_token_logprob, decode.next_token_logprob) < 1e-9);
-          CHECK(sim.kv.kept_per_layer == decode.kv.kept_per_layer);
-          CHECK(sim.kv.kept_per_head == decode.kv.kept_per_head);
-          CHECK(sim.kv.peak_bytes == decode.kv.peak_bytes);
-          CHECK(sim.kv.peak_bytes_full == decode.kv.peak_bytes_full);
-          CHECK(sim.kv.peak_bytes < sim.kv.peak_bytes_full);
-        }
+    // Each budget with one width: sim and decode meet the same quantized store at either
+    // (both packings are checked above), and the sweep takes half the time (all eight
+    // settings took 73 s on two AVX2 cores; the whole file under AddressSanitizer 157 s
+    // rather than 422).
+    for (const auto& [budget, bits] : std::vector<std::pair<double, int>>{{0.2, 2}, {0.5, 4}})
+      for (int prefill : {0, 100}) {
+        if (prefill == 0 && test::needs_prepass(name)) continue;  // it needs a prefill
+        PolicyOptions o;
+        o.budget.ratio = budget;
+        o.params.set("window", 8);
+        o.kv_quant = kivi(bits, 8, 16);
+        auto policy = make_policy(name, test::runnable_on(name, *model, o));
+        auto sim = score_sequence(*model, *policy, Mode::Sim, tokens, prefill);
+        auto decode = score_sequence(*model, *policy, Mode::Decode, tokens, prefill);
+        INFO(name << " budget " << budget << " prefill " << prefill << " bits " << bits);
+        CHECK(max_diff(sim.next_token_logprob, decode.next_token_logprob) < 1e-9);
+        CHECK(sim.kv.kept_per_layer == decode.kv.kept_per_layer);
+        CHECK(sim.kv.kept_per_head == decode.kv.kept_per_head);
+        CHECK(sim.kv.peak_bytes == decode.kv.peak_bytes);
+        CHECK(sim.kv.peak_bytes_full == decode.kv.peak_bytes_full);
+        CHECK(sim.kv.peak_bytes < sim.kv.peak_bytes_full);
+      }
   }
 }
