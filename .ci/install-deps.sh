@@ -3,17 +3,25 @@
 # Debian 12 (bookworm: LibTorch 1.13, Catch2 2) or 13 (trixie: LibTorch 2.6, Catch2 3).
 #   --suite-only   leave out what only the deep checks (clang, libFuzzer) and the Slurm
 #                  cluster test need (that test then reports itself skipped)
+#   --no-cluster   leave out only Slurm and munge (the Debian 13 chroot's deep checks)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-suite_only=0
-[ "${1:-}" = "--suite-only" ] && suite_only=1
+with_clang=1
+with_cluster=1
+case "${1:-}" in
+  --suite-only) with_clang=0 with_cluster=0 ;;
+  --no-cluster) with_cluster=0 ;;
+  "") ;;
+  *) echo "install-deps.sh: unknown option $1 (--suite-only or --no-cluster)" >&2; exit 2 ;;
+esac
 . /etc/os-release
 case "${VERSION_CODENAME:-}" in
   bookworm) clang=(clang-14 libclang-rt-14-dev) ;;
   *) clang=(clang-19 libclang-rt-19-dev) ;;
 esac
 extra=()
-[ "$suite_only" = 1 ] || extra=("${clang[@]}" slurm-wlm munge)
+[ "$with_clang" = 1 ] && extra+=("${clang[@]}")
+[ "$with_cluster" = 1 ] && extra+=(slurm-wlm munge)
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   build-essential cmake pkg-config git \

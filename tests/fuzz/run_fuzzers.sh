@@ -13,12 +13,13 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="$(realpath -m "${1:-$ROOT/build/fuzz}")"
 SECONDS_EACH="${KVEVICT_FUZZ_SECONDS:-60}"
 DATA="${KVEVICT_DATA:-$ROOT/../shared/data}"
-CXX_FUZZ="${KVEVICT_FUZZ_CXX:-clang++-14}"
+# Debian 12's clang is 14, Debian 13's 19.
+CXX_FUZZ="${KVEVICT_FUZZ_CXX:-$(command -v clang++-14 || command -v clang++-19 || echo clang++-14)}"
 ALL="safetensors config_json sentencepiece bpe_json bpe_added_tokens bpe_vocab_merges task_jsonl results_csv pytorch_bin sweep_config slurm_record analyze_config results_export server_request duo_pattern"
 TARGETS="${KVEVICT_FUZZ_TARGETS:-$ALL}"
 
 if ! command -v "$CXX_FUZZ" >/dev/null; then
-  echo "fuzz: $CXX_FUZZ not found (apt-get install clang-14 libclang-rt-14-dev)" >&2
+  echo "fuzz: $CXX_FUZZ not found (bash .ci/install-deps.sh installs clang and libFuzzer)" >&2
   exit 1
 fi
 launcher=()
