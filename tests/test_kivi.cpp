@@ -367,10 +367,8 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy with a KIV
                 .find("is sim-only: it cannot run with --kv-quant kivi") != std::string::npos);
       continue;
     }
-    // Each budget with one width: sim and decode meet the same quantized store at either
-    // (both packings are checked above), and the sweep takes half the time (all eight
-    // settings took 73 s on two AVX2 cores; the whole file under AddressSanitizer 157 s
-    // rather than 422).
+    // Each budget with one width, for half the time: sim and decode meet the same quantized
+    // store at either (both packings are checked above).
     for (const auto& [budget, bits] : std::vector<std::pair<double, int>>{{0.2, 2}, {0.5, 4}})
       for (int prefill : {0, 100}) {
         if (prefill == 0 && test::needs_prepass(name)) continue;  // it needs a prefill

@@ -56,9 +56,8 @@ TEST_CASE("sim mode and decode mode agree for every realisable policy", "[policy
     std::string model;
     std::vector<int> tokens;
   };
-  // stories260K's first 100 golden tokens: every policy still evicts 50 to 90 of them, and
-  // the sweep (9 models x 2 dtypes, ~20 policies, 6 settings, 2 modes) took 57 s on two AVX2
-  // cores rather than 96 (the whole file under AddressSanitizer: 202 s rather than 409).
+  // stories260K's first 100 golden tokens: every policy still evicts 50 to 90 of them, at
+  // half the 200 tokens' time (the sweep is this file's and the sanitizer suite's longest).
   std::vector<int> stories_tokens = test::golden_tokens();
   stories_tokens.resize(100);
   std::vector<Case> cases = {{"models/stories260K-hf", stories_tokens}};
