@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "harness/model/threads.h"
 #include "harness/runtime/single_query_attention.h"
@@ -99,6 +101,55 @@ TEST_CASE("single-query attention gives the same bits on one thread and on two",
   const auto one = run();
   set_thread_count(2);
   CHECK(test::same_bits(run(), one));
+}
+
+TEST_CASE("single-query attention sums in its documented order, bit for bit", "[attention][decode]") {
+  // The order single_query_attention.cpp states, written out in scalar code: a logit's
+  // eight partial sums take elements i, i+8, ... (one FMA each), combine in a fixed tree,
+  // then the d % 8 tail; a value element is one FMA chain over the keys in key order.
+  // n and d with and without whole groups of 8 keys, 8 columns and 64 columns.
+  torch::manual_seed(24);
+  for (int64_t d : {8, 20, 64, 80, 128})
+    for (int64_t n : {1, 8, 19}) {
+      INFO("d " << d << " n " << n);
+      const int64_t hq = 4, hkv = 2, capacity = n + 3;
+      auto q = torch::randn({1, hq, d});
+      auto keys = torch::randn({hkv, capacity, d}), values = torch::randn({hkv, capacity, d});
+      std::vector<float> logits_seen;
+      torch::Tensor keep;
+      auto out = single_query_attention(q, keys, values, n, [&](float* logits) {
+        logits_seen.assign(logits, logits + hq * n);
+        return softmax_of(logits, hq, n, keep).data_ptr<float>();
+      });
+      const float* qp = q.data_ptr<float>();
+      const float* kp = keys.data_ptr<float>();
+      const float* vp = values.data_ptr<float>();
+      const float* probs = keep.data_ptr<float>();
+      const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+      int64_t logit_mismatches = 0, value_mismatches = 0;
+      for (int64_t h = 0; h < hq; ++h) {
+        const float* key_rows = kp + (h / (hq / hkv)) * capacity * d;
+        const float* value_rows = vp + (h / (hq / hkv)) * capacity * d;
+        for (int64_t j = 0; j < n; ++j) {
+          float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          int64_t i = 0;
+          for (; i + 8 <= d; i += 8)
+            for (int lane = 0; lane < 8; ++lane)
+              a[lane] = std::fma(qp[h * d + i + lane], key_rows[j * d + i + lane], a[lane]);
+          float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+          for (; i < d; ++i) sum = std::fma(qp[h * d + i], key_rows[j * d + i], sum);
+          const float logit = sum * scale;
+          logit_mismatches += std::memcmp(&logits_seen[h * n + j], &logit, sizeof(float)) != 0;
+        }
+        for (int64_t c = 0; c < d; ++c) {
+          float sum = 0.0f;
+          for (int64_t j = 0; j < n; ++j) sum = std::fma(probs[h * n + j], value_rows[j * d + c], sum);
+          value_mismatches += std::memcmp(out.data_ptr<float>() + h * d + c, &sum, sizeof(float)) != 0;
+        }
+      }
+      CHECK(logit_mismatches == 0);
+      CHECK(value_mismatches == 0);
+    }
 }
 
 TEST_CASE("single-query attention refuses what it does not take", "[attention][decode]") {

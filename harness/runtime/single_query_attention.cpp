@@ -51,7 +51,7 @@ void portable_head_logits(const float* q, const T* keys, int64_t n, int64_t d, f
 KVEVICT_HEAD_VALUES(portable_head_values, )
 
 #if defined(__x86_64__) && defined(__GNUC__)
-KVEVICT_HEAD_VALUES(avx2_head_values, __attribute__((target("avx2,fma"))))
+KVEVICT_HEAD_VALUES(avx2_head_values_loop, __attribute__((target("avx2,fma"))))
 
 __attribute__((target("avx2,fma"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
@@ -59,12 +59,79 @@ __attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
+// Columns col .. col+8C-1 of portable_head_values, their sums held in C registers over
+// all n keys (the loop above, which may not assume that sum and values do not overlap,
+// loaded and stored every sum at every key).
+template <int C, typename T>
+__attribute__((target("avx2,fma"))) void head_value_columns(const float* probs, const T* values, int64_t n, int64_t d,
+                                                            int64_t col, float* sum) {
+  __m256 acc[C];  // [8-column group]
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 p = _mm256_set1_ps(probs[j]);
+    const T* row = values + j * d + col;
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(p, load8(row + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(sum + col + 8 * c, acc[c]);
+}
+
+// portable_head_values in AVX2: each element's chain of FMAs over the keys, in key order.
+template <typename T>
+__attribute__((target("avx2,fma"))) void avx2_head_values(const float* probs, const T* values, int64_t n, int64_t d,
+                                                          float* sum) {
+  if (d % 8 != 0) return avx2_head_values_loop(probs, values, n, d, sum);
+  int64_t col = 0;
+  for (; col + 64 <= d; col += 64) head_value_columns<8>(probs, values, n, d, col, sum);
+  switch ((d - col) / 8) {
+    case 7: head_value_columns<7>(probs, values, n, d, col, sum); break;
+    case 6: head_value_columns<6>(probs, values, n, d, col, sum); break;
+    case 5: head_value_columns<5>(probs, values, n, d, col, sum); break;
+    case 4: head_value_columns<4>(probs, values, n, d, col, sum); break;
+    case 3: head_value_columns<3>(probs, values, n, d, col, sum); break;
+    case 2: head_value_columns<2>(probs, values, n, d, col, sum); break;
+    case 1: head_value_columns<1>(probs, values, n, d, col, sum); break;
+    default: break;
+  }
+}
+
 // portable_head_logits with the eight partial sums as the lanes of one register (the
-// compiler left them scalar): the same FMAs in the same order, so the same bits.
+// compiler left them scalar): the same FMAs in the same order, so the same bits. Eight
+// keys at a time: one key's chain of d/8 dependent FMAs left the FMA units idle (the
+// logits of a batch-32 float32 decode step ran at about 2 multiply-adds a cycle).
+// Their eight registers are transposed, so that lane j of each add in the tree below is
+// key j's scalar add of the same partial sums.
 template <typename T>
 __attribute__((target("avx2,fma"))) void avx2_head_logits(const float* q, const T* keys, int64_t n, int64_t d,
                                                           float scale, float* logits) {
-  for (int64_t j = 0; j < n; ++j) {
+  constexpr int kKeys = 8;
+  const int64_t whole = d / 8 * 8;
+  int64_t j = 0;
+  if (whole == d)
+    for (; j + kKeys <= n; j += kKeys) {
+      __m256 acc[kKeys];  // [key]: its eight partial sums
+      for (int k = 0; k < kKeys; ++k) acc[k] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int k = 0; k < kKeys; ++k) acc[k] = _mm256_fmadd_ps(qv, load8(keys + (j + k) * d + i), acc[k]);
+      }
+      // Transpose: part[p] holds partial sum p of the eight keys (lane k: key j+k).
+      const __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(acc[4], acc[5]), t5 = _mm256_unpackhi_ps(acc[4], acc[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(acc[6], acc[7]), t7 = _mm256_unpackhi_ps(acc[6], acc[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      const __m256 part[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                              _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                              _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                              _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+      const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3])),
+                                       _mm256_add_ps(_mm256_add_ps(part[4], part[5]), _mm256_add_ps(part[6], part[7])));
+      _mm256_storeu_ps(logits + j, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+    }
+  for (; j < n; ++j) {
     const T* k = keys + j * d;
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
