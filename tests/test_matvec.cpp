@@ -111,13 +111,15 @@ TEST_CASE("matvec's AVX-512 kernel gives the AVX2 kernel's bits", "[matvec][batc
   struct Restore {
     ~Restore() { limit_matvec_isa(MatvecIsa::Avx512Bf16); }
   } restore;
+  // 17 and 40 rows: the six-row block, with a remainder group; 1000 wide: its columns in
+  // chunks (and more than one chunk's worth of x rows at 40), with an 8-float tail.
   torch::manual_seed(13);
   for (auto dtype : {torch::kFloat32, torch::kBFloat16})
-    for (int64_t in : {5, 8, 40, 77, 300, 768}) {
+    for (int64_t in : {5, 8, 40, 77, 300, 768, 1000}) {
       auto weight = torch::randn({1001, in}).to(dtype);
       auto bias = torch::randn({1001}).to(dtype);
-      auto x = torch::randn({17, in}).to(dtype);
-      for (int64_t batch : {1, 3, 4, 5, 8, 13, 17}) {
+      auto x = torch::randn({40, in}).to(dtype);
+      for (int64_t batch : {1, 3, 4, 5, 8, 13, 17, 40}) {
         INFO("dtype " << dtype << " in " << in << " batch " << batch);
         limit_matvec_isa(MatvecIsa::Avx512);
         auto wide = matvec(weight, x.narrow(0, 0, batch), bias);

@@ -208,6 +208,54 @@ __attribute__((target("avx512f"), always_inline)) inline __m256 upper_half(__m51
 // block loading x once per product, 30 loads per 24 FMAs, more than the load ports take).
 constexpr int kAvx512WeightRows = 6;
 
+// Columns [from, to) (multiples of 32 below n / 32 * 32) of R weight rows x G rows of x,
+// the two halves one after the other, each pair's accumulators carried in `halves`
+// (started at zero when `first`) and each x vector held in a register for its R products.
+template <int R, int G, int GS, typename W>
+__attribute__((target("avx512f,avx2,fma"))) void block_columns_avx512(const W* const* w, const float* const* x,
+                                                                      int64_t from, int64_t to, bool first,
+                                                                      __m512 (&halves)[2][R][GS],
+                                                                      PrefetchShare& share) {
+  for (int half = 0; half < 2; ++half) {
+    __m512 acc[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = first ? _mm512_setzero_ps() : halves[half][r][g];
+    for (int64_t i = from + 16 * half; i < to; i += 32) {
+      share.step();
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i);
+      for (int g = 0; g < G; ++g) {
+        __m512 xv = _mm512_loadu_ps(x[g] + i);
+        asm("" : "+v"(xv));  // kept in a register for its R products, not reloaded as each one's operand
+        for (int r = 0; r < R; ++r) acc[r][g] = _mm512_fmadd_ps(wv[r], xv, acc[r][g]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) halves[half][r][g] = acc[r][g];
+  }
+}
+
+// The block's sums from its accumulators: the 8-float and scalar tails past n / 32 * 32,
+// then dot_avx2's final adds. sums[r * stride + g].
+template <int R, int G, int GS, typename W>
+__attribute__((target("avx512f,avx2,fma"))) void finish_block_avx512(const W* const* w, const float* const* x,
+                                                                     int64_t n, const __m512 (&halves)[2][R][GS],
+                                                                     float* sums, int64_t stride) {
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) {
+      __m256 a0 = _mm512_castps512_ps256(halves[0][r][g]), a1 = upper_half(halves[0][r][g]);
+      const __m256 a2 = _mm512_castps512_ps256(halves[1][r][g]), a3 = upper_half(halves[1][r][g]);
+      int64_t i = n / 32 * 32;
+      for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(w[r] + i), _mm256_loadu_ps(x[g] + i), a0);
+      const __m256 acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+      float sum = _mm_cvtss_f32(h);
+      sums[r * stride + g] = tail_sum(sum, w[r], x[g], i, n);
+    }
+}
+
 // With Together, both halves of each step run at once instead (2*R*G registers), so each
 // weight row is read as one stream: what the memory-bound batches below 16 rows want.
 template <int R, int G, bool Together, typename W>
@@ -233,36 +281,8 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
       }
     }
   }
-  for (int half = 0; half < 2 && !Together; ++half) {
-    __m512 acc[R][G];
-    for (int r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
-    for (int64_t i = 16 * half; i < whole; i += 32) {
-      share.step();
-      __m512 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i);
-      for (int g = 0; g < G; ++g) {
-        __m512 xv = _mm512_loadu_ps(x[g] + i);
-        asm("" : "+v"(xv));  // kept in a register for its R products, not reloaded as each one's operand
-        for (int r = 0; r < R; ++r) acc[r][g] = _mm512_fmadd_ps(wv[r], xv, acc[r][g]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g) halves[half][r][g] = acc[r][g];
-  }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) {
-      __m256 a0 = _mm512_castps512_ps256(halves[0][r][g]), a1 = upper_half(halves[0][r][g]);
-      const __m256 a2 = _mm512_castps512_ps256(halves[1][r][g]), a3 = upper_half(halves[1][r][g]);
-      int64_t i = whole;
-      for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(w[r] + i), _mm256_loadu_ps(x[g] + i), a0);
-      const __m256 acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-      __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-      float sum = _mm_cvtss_f32(h);
-      sums[r * stride + g] = tail_sum(sum, w[r], x[g], i, n);
-    }
+  if constexpr (!Together) block_columns_avx512<R, G>(w, x, 0, whole, true, halves, share);
+  finish_block_avx512<R, G>(w, x, n, halves, sums, stride);
 }
 
 // R weight rows against all `batch` rows of x, kBlockXRows at a time; halves together
@@ -270,10 +290,57 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
 // kBlockXRows rows take it too: the random 12 x 768 model in float32 on a 2-core Xeon
 // decoded 46-48 tokens/s at batch 1 so, 41-44 with dot_avx2 one row at a time; with the
 // prefetch batch 2 ran at 80-81 tokens/s, 75-76 without (batch 1 the same either way).
+// Wide rows: R weight rows and a group of x rows no longer fit in L1 together (the
+// 2048-wide 1B shape at batch 32: the six weight loads of each step had half the block
+// kernel's samples), so the columns go in chunks: every x group of up to kChunkXRows rows
+// takes a chunk while the block's share of it is in L1, each group's accumulators kept in
+// `state` between chunks. Each accumulator takes the same FMAs in the same order, so the
+// bits are those of the whole-row block (batch 32 of the 1B shape in float32 on the 2-core
+// Xeon: 57 -> 66 tokens/s).
+constexpr int64_t kChunkColumns = 512, kChunkXRows = 32, kL1BlockBytes = int64_t{32} << 10;
+
+template <int R, typename W>
+void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
+  constexpr int kGroups = int(kChunkXRows / kBlockXRows);
+  const int64_t whole = n / 32 * 32, chunks = (whole + kChunkColumns - 1) / kChunkColumns;
+  const int64_t groups = (batch + kBlockXRows - 1) / kBlockXRows;
+  const int parts = int(chunks * groups);  // prefetch parts: one per (chunk, x group) call
+  __m512 state[kGroups][2][R][kBlockXRows];  // [x group][half][weight row][x row]
+  for (int64_t b0 = 0; b0 < batch; b0 += kChunkXRows) {
+    const int64_t rows = std::min(kChunkXRows, batch - b0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t from = c * kChunkColumns, to = std::min(whole, from + kChunkColumns);
+      for (int64_t b = b0; b < b0 + rows; b += kBlockXRows) {
+        const int k = int((b - b0) / kBlockXRows);
+        PrefetchShare share(w[R - 1] + n, R * n * int64_t(sizeof(W)), int(c * groups + b / kBlockXRows), parts,
+                            2 * ((to - from) / 32));
+        switch (std::min<int64_t>(kBlockXRows, b0 + rows - b)) {
+          case 4: block_columns_avx512<R, 4>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 3: block_columns_avx512<R, 3>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 2: block_columns_avx512<R, 2>(w, x + b, from, to, c == 0, state[k], share); break;
+          default: block_columns_avx512<R, 1>(w, x + b, from, to, c == 0, state[k], share); break;
+        }
+      }
+    }
+    for (int64_t b = b0; b < b0 + rows; b += kBlockXRows) {
+      const int k = int((b - b0) / kBlockXRows);
+      switch (std::min<int64_t>(kBlockXRows, b0 + rows - b)) {
+        case 4: finish_block_avx512<R, 4>(w, x + b, n, state[k], sums + b, batch); break;
+        case 3: finish_block_avx512<R, 3>(w, x + b, n, state[k], sums + b, batch); break;
+        case 2: finish_block_avx512<R, 2>(w, x + b, n, state[k], sums + b, batch); break;
+        default: finish_block_avx512<R, 1>(w, x + b, n, state[k], sums + b, batch); break;
+      }
+    }
+  }
+}
+
 template <int R, typename W>
 void weight_rows_avx512(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
   static_assert(kBlockXRows == 4, "the remainder's cases below");
   constexpr bool kTogether = R <= kBlockWeightRows;
+  if constexpr (!kTogether)
+    if ((R + kBlockXRows) * n * int64_t(sizeof(W)) > kL1BlockBytes && n / 32 * 32 > kChunkColumns)
+      return weight_rows_avx512_chunked<R>(w, x, batch, n, sums);
   const int parts = int((batch + kBlockXRows - 1) / kBlockXRows);
   int64_t b = 0;
   for (; b + kBlockXRows <= batch; b += kBlockXRows)
