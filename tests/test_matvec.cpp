@@ -171,15 +171,16 @@ TEST_CASE("bfloat16 matvec sums in vdpbf16ps's pair order on every kernel this C
   }
   REQUIRE(!levels.empty());
   torch::manual_seed(14);
-  for (int64_t in : {5, 31, 32, 33, 77, 300, 768}) {
+  // 2000 wide from 5 rows of x on: the column chunks, and more than one chunk's worth of x rows at 40.
+  for (int64_t in : {5, 31, 32, 33, 77, 300, 768, 2000}) {
     auto weight = torch::randn({203, in}).to(torch::kBFloat16);
     auto bias = torch::randn({203}).to(torch::kBFloat16);
-    auto x = torch::randn({17, in}).to(torch::kBFloat16);
+    auto x = torch::randn({40, in}).to(torch::kBFloat16);
     std::vector<std::vector<float>> expected;
-    for (int64_t b = 0; b < 17; ++b) expected.push_back(matvec_bf16_pair_order(weight, x[b], bias));
+    for (int64_t b = 0; b < 40; ++b) expected.push_back(matvec_bf16_pair_order(weight, x[b], bias));
     for (auto isa : levels) {
       limit_matvec_isa(isa);
-      for (int64_t batch : {1, 4, 9, 17}) {
+      for (int64_t batch : {1, 4, 9, 17, 40}) {
         INFO("isa " << int(isa) << " in " << in << " batch " << batch);
         auto y = matvec(weight, x.narrow(0, 0, batch), bias).to(torch::kFloat32).contiguous();
         int64_t mismatches = 0;

@@ -209,13 +209,37 @@ __attribute__((target("avx512f"), always_inline)) inline __m256 upper_half(__m51
 constexpr int kAvx512WeightRows = 6;
 
 // Columns [from, to) (multiples of 32 below n / 32 * 32) of R weight rows x G rows of x,
-// the two halves one after the other, each pair's accumulators carried in `halves`
-// (started at zero when `first`) and each x vector held in a register for its R products.
-template <int R, int G, int GS, typename W>
+// each pair's accumulators carried in `halves` (started at zero when `first`). Apart, the
+// two halves run one after the other, each x vector held in a register for its R
+// products; Together, both halves of each step run at once (2*R*G registers), so each
+// weight row is read as one stream: what the memory-bound batches of up to 4 rows want.
+// `share` fetches its part of the next block on the way: one step per 32 floats per half.
+template <int R, int G, bool Together, int GS, typename W>
 __attribute__((target("avx512f,avx2,fma"))) void block_columns_avx512(const W* const* w, const float* const* x,
                                                                       int64_t from, int64_t to, bool first,
                                                                       __m512 (&halves)[2][R][GS],
                                                                       PrefetchShare& share) {
+  if constexpr (Together) {
+    __m512 acc[2][R][G];
+    for (int half = 0; half < 2; ++half)
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < G; ++g) acc[half][r][g] = first ? _mm512_setzero_ps() : halves[half][r][g];
+    for (int64_t i = from; i < to; i += 32) {
+      share.step();
+      for (int half = 0; half < 2; ++half) {
+        __m512 wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i + 16 * half);
+        for (int g = 0; g < G; ++g) {
+          const __m512 xv = _mm512_loadu_ps(x[g] + i + 16 * half);
+          for (int r = 0; r < R; ++r) acc[half][r][g] = _mm512_fmadd_ps(wv[r], xv, acc[half][r][g]);
+        }
+      }
+    }
+    for (int half = 0; half < 2; ++half)
+      for (int r = 0; r < R; ++r)
+        for (int g = 0; g < G; ++g) halves[half][r][g] = acc[half][r][g];
+    return;
+  }
   for (int half = 0; half < 2; ++half) {
     __m512 acc[R][G];
     for (int r = 0; r < R; ++r)
@@ -256,8 +280,7 @@ __attribute__((target("avx512f,avx2,fma"))) void finish_block_avx512(const W* co
     }
 }
 
-// With Together, both halves of each step run at once instead (2*R*G registers), so each
-// weight row is read as one stream: what the memory-bound batches below 16 rows want.
+// R weight rows x G rows of x over the whole row: sums[r * stride + g].
 template <int R, int G, bool Together, typename W>
 __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const* w, const float* const* x, int64_t n,
                                                                   float* sums, int64_t stride, int prefetch_part,
@@ -266,30 +289,10 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
   const int64_t whole = n / 32 * 32;
   PrefetchShare share(w[R - 1] + n, R * n * int64_t(sizeof(W)), prefetch_part, prefetch_parts,
                       (Together ? 1 : 2) * (whole / 32));
-  if constexpr (Together) {
-    for (int r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g) halves[0][r][g] = halves[1][r][g] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < whole; i += 32) {
-      share.step();
-      for (int half = 0; half < 2; ++half) {
-        __m512 wv[R];
-        for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i + 16 * half);
-        for (int g = 0; g < G; ++g) {
-          const __m512 xv = _mm512_loadu_ps(x[g] + i + 16 * half);
-          for (int r = 0; r < R; ++r) halves[half][r][g] = _mm512_fmadd_ps(wv[r], xv, halves[half][r][g]);
-        }
-      }
-    }
-  }
-  if constexpr (!Together) block_columns_avx512<R, G>(w, x, 0, whole, true, halves, share);
+  block_columns_avx512<R, G, Together>(w, x, 0, whole, true, halves, share);
   finish_block_avx512<R, G>(w, x, n, halves, sums, stride);
 }
 
-// R weight rows against all `batch` rows of x, kBlockXRows at a time; halves together
-// below 16 rows of x (weight_rows_per_block gives those three weight rows). Batches below
-// kBlockXRows rows take it too: the random 12 x 768 model in float32 on a 2-core Xeon
-// decoded 46-48 tokens/s at batch 1 so, 41-44 with dot_avx2 one row at a time; with the
-// prefetch batch 2 ran at 80-81 tokens/s, 75-76 without (batch 1 the same either way).
 // Wide rows: R weight rows and a group of x rows no longer fit in L1 together (the
 // 2048-wide 1B shape at batch 32: the six weight loads of each step had half the block
 // kernel's samples), so the columns go in chunks: every x group of up to kChunkXRows rows
@@ -299,7 +302,7 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
 // Xeon: 57 -> 66 tokens/s).
 constexpr int64_t kChunkColumns = 512, kChunkXRows = 32, kL1BlockBytes = int64_t{32} << 10;
 
-template <int R, typename W>
+template <int R, bool Together, typename W>
 void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
   constexpr int kGroups = int(kChunkXRows / kBlockXRows);
   const int64_t whole = n / 32 * 32, chunks = (whole + kChunkColumns - 1) / kChunkColumns;
@@ -313,12 +316,12 @@ void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_
       for (int64_t b = b0; b < b0 + rows; b += kBlockXRows) {
         const int k = int((b - b0) / kBlockXRows);
         PrefetchShare share(w[R - 1] + n, R * n * int64_t(sizeof(W)), int(c * groups + b / kBlockXRows), parts,
-                            2 * ((to - from) / 32));
+                            (Together ? 1 : 2) * ((to - from) / 32));
         switch (std::min<int64_t>(kBlockXRows, b0 + rows - b)) {
-          case 4: block_columns_avx512<R, 4>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 3: block_columns_avx512<R, 3>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 2: block_columns_avx512<R, 2>(w, x + b, from, to, c == 0, state[k], share); break;
-          default: block_columns_avx512<R, 1>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 4: block_columns_avx512<R, 4, Together>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 3: block_columns_avx512<R, 3, Together>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 2: block_columns_avx512<R, 2, Together>(w, x + b, from, to, c == 0, state[k], share); break;
+          default: block_columns_avx512<R, 1, Together>(w, x + b, from, to, c == 0, state[k], share); break;
         }
       }
     }
@@ -334,13 +337,19 @@ void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_
   }
 }
 
+// R weight rows against all `batch` rows of x, kBlockXRows at a time; halves together in
+// blocks of up to three weight rows (weight_rows_per_block's up to 4 rows of x, and the
+// last rows of a thread's share). Batches below kBlockXRows rows take it too: the random
+// 12 x 768 model in float32 on a 2-core Xeon decoded 46-48 tokens/s at batch 1 so, 41-44
+// with dot_avx2 one row at a time; with the prefetch batch 2 ran at 80-81 tokens/s, 75-76
+// without (batch 1 the same either way).
 template <int R, typename W>
 void weight_rows_avx512(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
   static_assert(kBlockXRows == 4, "the remainder's cases below");
   constexpr bool kTogether = R <= kBlockWeightRows;
-  if constexpr (!kTogether)
-    if ((R + kBlockXRows) * n * int64_t(sizeof(W)) > kL1BlockBytes && n / 32 * 32 > kChunkColumns)
-      return weight_rows_avx512_chunked<R>(w, x, batch, n, sums);
+  const bool wide = (R + kBlockXRows) * n * int64_t(sizeof(W)) > kL1BlockBytes && n / 32 * 32 > kChunkColumns;
+  if (batch > kBlockXRows && wide)
+    return weight_rows_avx512_chunked<R, kTogether>(w, x, batch, n, sums);
   const int parts = int((batch + kBlockXRows - 1) / kBlockXRows);
   int64_t b = 0;
   for (; b + kBlockXRows <= batch; b += kBlockXRows)
@@ -422,26 +431,42 @@ struct Bf16Dot {
       for (int r = 0; r < R; ++r) acc[r][g] = _mm512_dpbf16_ps(acc[r][g], (__m512bh)wv[r], (__m512bh)xv);
     }
   }
-  template <int R, int G>
-  __attribute__((target("avx512f,avx512bf16,avx2,fma"))) static void block(const uint16_t* const* w,
-                                                                          const uint16_t* const* x, int64_t n,
-                                                                          float* sums, int64_t stride,
-                                                                          int prefetch_part, int prefetch_parts) {
+  // Whole chunks [from, to) of R weight rows x G rows of x, the accumulators carried in
+  // `acc` (started at zero when `first`); `share` fetches its part of the next block.
+  static constexpr bool kColumnChunks = true;
+  template <int R, int G, int GS>
+  __attribute__((target("avx512f,avx512bf16,avx2,fma"))) static void columns(const uint16_t* const* w,
+                                                                            const uint16_t* const* x, int64_t from,
+                                                                            int64_t to, bool first,
+                                                                            __m512 (&state)[R][GS],
+                                                                            PrefetchShare& share) {
     __m512 acc[R][G];
     for (int r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
-    const int64_t whole = n / kBf16Chunk * kBf16Chunk;
-    PrefetchShare share(w[R - 1] + n, R * n * 2, prefetch_part, prefetch_parts, whole / kBf16Chunk);
+      for (int g = 0; g < G; ++g) acc[r][g] = first ? _mm512_setzero_ps() : state[r][g];
     const uint16_t* wp[R];
     const uint16_t* xp[G];
-    for (int64_t i = 0; i < whole; i += kBf16Chunk) {
+    for (int64_t i = from; i < to; i += kBf16Chunk) {
       share.step();
       for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
       for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
       step<R, G>(acc, wp, xp);
     }
-    if (whole < n) {
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) state[r][g] = acc[r][g];
+  }
+  // The zero-padded last chunk, then each pair's lane sums: sums[r * stride + g].
+  template <int R, int G, int GS>
+  __attribute__((target("avx512f,avx512bf16,avx2,fma"))) static void finish(const uint16_t* const* w,
+                                                                           const uint16_t* const* x, int64_t n,
+                                                                           __m512 (&state)[R][GS], float* sums,
+                                                                           int64_t stride) {
+    __m512 acc[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) acc[r][g] = state[r][g];
+    if (n % kBf16Chunk != 0) {
       uint16_t wt[R][kBf16Chunk], xt[G][kBf16Chunk];
+      const uint16_t* wp[R];
+      const uint16_t* xp[G];
       for (int r = 0; r < R; ++r) padded_tail(w[r], n, wt[r]), wp[r] = wt[r];
       for (int g = 0; g < G; ++g) padded_tail(x[g], n, xt[g]), xp[g] = xt[g];
       step<R, G>(acc, wp, xp);
@@ -450,12 +475,24 @@ struct Bf16Dot {
       for (int g = 0; g < G; ++g)
         sums[r * stride + g] = sum_lanes(_mm512_castps512_ps256(acc[r][g]), upper_half(acc[r][g]));
   }
+  template <int R, int G>
+  __attribute__((target("avx512f,avx512bf16,avx2,fma"))) static void block(const uint16_t* const* w,
+                                                                          const uint16_t* const* x, int64_t n,
+                                                                          float* sums, int64_t stride,
+                                                                          int prefetch_part, int prefetch_parts) {
+    __m512 acc[R][G];  // [weight row][x row]
+    const int64_t whole = n / kBf16Chunk * kBf16Chunk;
+    PrefetchShare share(w[R - 1] + n, R * n * 2, prefetch_part, prefetch_parts, whole / kBf16Chunk);
+    columns<R, G>(w, x, 0, whole, true, acc, share);
+    finish<R, G>(w, x, n, acc, sums, stride);
+  }
 };
 
 // The same sums without AVX512-BF16, in AVX-512F: each 32-bit lane holds elements 2j
 // (low half) and 2j+1 (high half); masking gives the odd one as a float32, a shift the even one.
 struct Bf16Avx512 {
   static constexpr int kWeightRows = 4;  // 16 accumulators, 8 weight halves, 2 x halves
+  static constexpr bool kColumnChunks = false;
   template <int R, int G>
   __attribute__((target("avx512f"), always_inline)) static inline void step(__m512 (&acc)[R][G],
                                                                               const uint16_t* const* wp,
@@ -509,7 +546,8 @@ struct Bf16Avx512 {
 // And in AVX2: lanes 0..7 (the first 16 elements of each chunk) over the whole row, then
 // lanes 8..15, so the accumulators of one half fit its 16 registers.
 struct Bf16Avx2 {
-  static constexpr int kWeightRows = 2;  // per half: 8 accumulators, 4 weight halves, 2 x halves
+  static constexpr int kWeightRows = 2;
+  static constexpr bool kColumnChunks = false;  // per half: 8 accumulators, 4 weight halves, 2 x halves
   // Lanes 0..7 (half 0) or 8..15 (half 1) of one chunk step.
   template <int R, int G>
   __attribute__((target("avx2,fma"), always_inline)) static inline void step(__m256 (&acc)[R][G], int half,
@@ -570,9 +608,48 @@ struct Bf16Avx2 {
 };
 
 // R weight rows against all `batch` rows of x, four at a time.
+// The column chunks of weight_rows_avx512_chunked, for a bfloat16 kernel that has them.
+template <class Kernel, int R>
+void bf16_weight_rows_chunked(const uint16_t* const* w, const uint16_t* const* x, int64_t batch, int64_t n,
+                              float* sums) {
+  constexpr int kGroups = int(kChunkXRows / 4);
+  const int64_t whole = n / kBf16Chunk * kBf16Chunk, chunks = (whole + kChunkColumns - 1) / kChunkColumns;
+  const int64_t groups = (batch + 3) / 4;
+  const int parts = int(chunks * groups);  // prefetch parts: one per (chunk, x group) call
+  __m512 state[kGroups][R][4];             // [x group][weight row][x row]
+  for (int64_t b0 = 0; b0 < batch; b0 += kChunkXRows) {
+    const int64_t rows = std::min(kChunkXRows, batch - b0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t from = c * kChunkColumns, to = std::min(whole, from + kChunkColumns);
+      for (int64_t b = b0; b < b0 + rows; b += 4) {
+        const int k = int((b - b0) / 4);
+        PrefetchShare share(w[R - 1] + n, R * n * 2, int(c * groups + b / 4), parts, (to - from) / kBf16Chunk);
+        switch (std::min<int64_t>(4, b0 + rows - b)) {
+          case 4: Kernel::template columns<R, 4>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 3: Kernel::template columns<R, 3>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 2: Kernel::template columns<R, 2>(w, x + b, from, to, c == 0, state[k], share); break;
+          default: Kernel::template columns<R, 1>(w, x + b, from, to, c == 0, state[k], share); break;
+        }
+      }
+    }
+    for (int64_t b = b0; b < b0 + rows; b += 4) {
+      const int k = int((b - b0) / 4);
+      switch (std::min<int64_t>(4, b0 + rows - b)) {
+        case 4: Kernel::template finish<R, 4>(w, x + b, n, state[k], sums + b, batch); break;
+        case 3: Kernel::template finish<R, 3>(w, x + b, n, state[k], sums + b, batch); break;
+        case 2: Kernel::template finish<R, 2>(w, x + b, n, state[k], sums + b, batch); break;
+        default: Kernel::template finish<R, 1>(w, x + b, n, state[k], sums + b, batch); break;
+      }
+    }
+  }
+}
+
 template <class Kernel, int R>
 void bf16_weight_rows(const uint16_t* const* w, const uint16_t* const* x, int64_t batch, int64_t n, float* sums,
                       bool prefetch) {
+  if constexpr (Kernel::kColumnChunks)
+    if (batch > 4 && (R + 4) * n * 2 > kL1BlockBytes && n / kBf16Chunk * kBf16Chunk > kChunkColumns)
+      return bf16_weight_rows_chunked<Kernel, R>(w, x, batch, n, sums);
   const int parts = prefetch ? int((batch + 3) / 4) : 0;
   int64_t b = 0;
   for (; b + 4 <= batch; b += 4) Kernel::template block<R, 4>(w, x + b, n, sums + b, batch, int(b / 4), parts);
@@ -703,11 +780,14 @@ void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x
   for (int64_t k = 0; k < count; ++k) dot_rows(w + (r + k) * n, x, batch, n, sums + k * batch);
 }
 
-// Weight rows per call of dot_weight_rows: the AVX-512 block's six from 16 rows of x on,
-// where the multiply-adds bound the step; below, three, as the AVX2 block.
+// Weight rows per call of dot_weight_rows: the AVX-512 block's six past one group of x
+// rows (from 16 rows on the multiply-adds bound the step; at 5-15 rows six rows with two
+// or more groups, chunked on wide rows, read the 1B shape's weights faster: batch 8 in
+// float32 on the 2-core Xeon 26 -> 33 tokens/s, the 768-wide model's the same);
+// otherwise three, as the AVX2 block.
 int weight_rows_per_block(int64_t batch) {
 #ifdef KVEVICT_MATVEC_AVX2
-  if (use_avx512() && batch >= 16) return kAvx512WeightRows;
+  if (use_avx512() && batch > kBlockXRows) return kAvx512WeightRows;
 #endif
   return kBlockWeightRows;
 }
