@@ -31,10 +31,10 @@ float dot_portable(const W* w, const float* x, int64_t n) {
   return sum;
 }
 
-// Weight rows per block of the block kernels, and x rows per block. AVX2: 12
-// accumulators, the three weight vectors and one x vector fit its 16 registers (measured
-// on one thread against dot_rows_avx2 alone at batch 8: 1.2-1.4x on 768- and 2048-wide
-// weights); AVX-512: 24 accumulators, three weight vectors and one x vector of its 32.
+// Weight rows per block of the AVX2 block kernel, and x rows per block of every block
+// kernel: 12 accumulators, the three weight vectors and one x vector fit AVX2's 16
+// registers (measured on one thread against dot_rows_avx2 alone at batch 8: 1.2-1.4x on
+// 768- and 2048-wide weights). AVX-512 blocks take kAvx512WeightRows.
 constexpr int kBlockWeightRows = 3, kBlockXRows = 4;
 
 #ifdef KVEVICT_MATVEC_AVX2
@@ -212,7 +212,7 @@ constexpr int kAvx512WeightRows = 6;
 // each pair's accumulators carried in `halves` (started at zero when `first`). Apart, the
 // two halves run one after the other, each x vector held in a register for its R
 // products; Together, both halves of each step run at once (2*R*G registers), so each
-// weight row is read as one stream: what the memory-bound batches of up to 4 rows want.
+// weight row is read as one stream: what the memory-bound batches of one or two rows want.
 // `share` fetches its part of the next block on the way: one step per 32 floats per half.
 template <int R, int G, bool Together, int GS, typename W>
 __attribute__((target("avx512f,avx2,fma"))) void block_columns_avx512(const W* const* w, const float* const* x,
@@ -302,7 +302,7 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
 // Xeon: 57 -> 66 tokens/s).
 constexpr int64_t kChunkColumns = 512, kChunkXRows = 32, kL1BlockBytes = int64_t{32} << 10;
 
-template <int R, bool Together, typename W>
+template <int R, typename W>
 void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
   constexpr int kGroups = int(kChunkXRows / kBlockXRows);
   const int64_t whole = n / 32 * 32, chunks = (whole + kChunkColumns - 1) / kChunkColumns;
@@ -316,12 +316,12 @@ void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_
       for (int64_t b = b0; b < b0 + rows; b += kBlockXRows) {
         const int k = int((b - b0) / kBlockXRows);
         PrefetchShare share(w[R - 1] + n, R * n * int64_t(sizeof(W)), int(c * groups + b / kBlockXRows), parts,
-                            (Together ? 1 : 2) * ((to - from) / 32));
+                            2 * ((to - from) / 32));
         switch (std::min<int64_t>(kBlockXRows, b0 + rows - b)) {
-          case 4: block_columns_avx512<R, 4, Together>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 3: block_columns_avx512<R, 3, Together>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 2: block_columns_avx512<R, 2, Together>(w, x + b, from, to, c == 0, state[k], share); break;
-          default: block_columns_avx512<R, 1, Together>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 4: block_columns_avx512<R, 4, false>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 3: block_columns_avx512<R, 3, false>(w, x + b, from, to, c == 0, state[k], share); break;
+          case 2: block_columns_avx512<R, 2, false>(w, x + b, from, to, c == 0, state[k], share); break;
+          default: block_columns_avx512<R, 1, false>(w, x + b, from, to, c == 0, state[k], share); break;
         }
       }
     }
@@ -337,28 +337,33 @@ void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_
   }
 }
 
-// R weight rows against all `batch` rows of x, kBlockXRows at a time; halves together in
-// blocks of up to three weight rows (weight_rows_per_block's up to 4 rows of x, and the
-// last rows of a thread's share). Batches below kBlockXRows rows take it too: the random
-// 12 x 768 model in float32 on a 2-core Xeon decoded 46-48 tokens/s at batch 1 so, 41-44
-// with dot_avx2 one row at a time; with the prefetch batch 2 ran at 80-81 tokens/s, 75-76
-// without (batch 1 the same either way).
+// R weight rows against all `batch` rows of x. Up to two rows of x, the halves together
+// (at most 24 accumulators), every weight row read as one stream; from three on, the
+// halves apart, kBlockXRows rows of x at a time, each group fetching its share of the next
+// block. Measured with the random 12 x 768 model in float32 on a 2-core Xeon, tokens/s:
+// batch 1 47-48 (41-44 with dot_avx2 a row at a time), batch 2 86-89 (three rows
+// together: 81, and 75-76 without the prefetch), batch 4 148-150 (three rows together: 137-139).
 template <int R, typename W>
 void weight_rows_avx512(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
   static_assert(kBlockXRows == 4, "the remainder's cases below");
-  constexpr bool kTogether = R <= kBlockWeightRows;
+  if (batch <= 2) {
+    if (batch == 2)
+      dot_block_avx512<R, 2, true>(w, x, n, sums, batch, 0, 1);
+    else
+      dot_block_avx512<R, 1, true>(w, x, n, sums, batch, 0, 1);
+    return;
+  }
   const bool wide = (R + kBlockXRows) * n * int64_t(sizeof(W)) > kL1BlockBytes && n / 32 * 32 > kChunkColumns;
-  if (batch > kBlockXRows && wide)
-    return weight_rows_avx512_chunked<R, kTogether>(w, x, batch, n, sums);
+  if (batch > kBlockXRows && wide) return weight_rows_avx512_chunked<R>(w, x, batch, n, sums);
   const int parts = int((batch + kBlockXRows - 1) / kBlockXRows);
   int64_t b = 0;
   for (; b + kBlockXRows <= batch; b += kBlockXRows)
-    dot_block_avx512<R, kBlockXRows, kTogether>(w, x + b, n, sums + b, batch, int(b / kBlockXRows), parts);
+    dot_block_avx512<R, kBlockXRows, false>(w, x + b, n, sums + b, batch, int(b / kBlockXRows), parts);
   const int part = int(b / kBlockXRows);
   switch (batch - b) {
-    case 3: dot_block_avx512<R, 3, kTogether>(w, x + b, n, sums + b, batch, part, parts); break;
-    case 2: dot_block_avx512<R, 2, kTogether>(w, x + b, n, sums + b, batch, part, parts); break;
-    case 1: dot_block_avx512<R, 1, kTogether>(w, x + b, n, sums + b, batch, part, parts); break;
+    case 3: dot_block_avx512<R, 3, false>(w, x + b, n, sums + b, batch, part, parts); break;
+    case 2: dot_block_avx512<R, 2, false>(w, x + b, n, sums + b, batch, part, parts); break;
+    case 1: dot_block_avx512<R, 1, false>(w, x + b, n, sums + b, batch, part, parts); break;
     default: break;
   }
 }
@@ -753,7 +758,7 @@ template <typename W>
 void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x, int64_t batch, int64_t n,
                      float* sums) {
 #ifdef KVEVICT_MATVEC_AVX2
-  const W* block[kAvx512WeightRows];  // weight rows r .. r+count-1, count <= weight_rows_per_block(batch)
+  const W* block[kAvx512WeightRows];  // weight rows r .. r+count-1, count <= weight_rows_per_block()
   for (int k = 0; k < count; ++k) block[k] = w + (r + k) * n;
   if (use_avx512()) {
     static_assert(kAvx512WeightRows == 6, "the cases below");
@@ -780,14 +785,11 @@ void dot_weight_rows(const W* w, int64_t r, int64_t count, const float* const* x
   for (int64_t k = 0; k < count; ++k) dot_rows(w + (r + k) * n, x, batch, n, sums + k * batch);
 }
 
-// Weight rows per call of dot_weight_rows: the AVX-512 block's six past one group of x
-// rows (from 16 rows on the multiply-adds bound the step; at 5-15 rows six rows with two
-// or more groups, chunked on wide rows, read the 1B shape's weights faster: batch 8 in
-// float32 on the 2-core Xeon 26 -> 33 tokens/s, the 768-wide model's the same);
-// otherwise three, as the AVX2 block.
-int weight_rows_per_block(int64_t batch) {
+// Weight rows per call of dot_weight_rows: the AVX-512 block's six at every batch size
+// (kAvx512WeightRows), otherwise three, as the AVX2 block.
+int weight_rows_per_block() {
 #ifdef KVEVICT_MATVEC_AVX2
-  if (use_avx512() && batch > kBlockXRows) return kAvx512WeightRows;
+  if (use_avx512()) return kAvx512WeightRows;
 #endif
   return kBlockWeightRows;
 }
@@ -799,7 +801,7 @@ void rows(const W* w, const float* x, const W* bias, Out* y, int64_t batch, int6
   const int64_t grain = std::max<int64_t>(1, (int64_t{128} << 10) / std::max<int64_t>(1, in * int64_t(sizeof(W))));
   std::vector<const float*> x_rows(static_cast<size_t>(batch));  // [batch]: row b of x
   for (int64_t b = 0; b < batch; ++b) x_rows[b] = x + b * in;
-  const int64_t block_rows = weight_rows_per_block(batch);
+  const int64_t block_rows = weight_rows_per_block();
   at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(static_cast<size_t>(block_rows * batch));  // [weight rows][batch]
     for (int64_t r = begin; r < end; r += block_rows) {
