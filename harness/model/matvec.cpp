@@ -551,8 +551,8 @@ struct Bf16Avx512 {
 // And in AVX2: lanes 0..7 (the first 16 elements of each chunk) over the whole row, then
 // lanes 8..15, so the accumulators of one half fit its 16 registers.
 struct Bf16Avx2 {
-  static constexpr int kWeightRows = 2;
-  static constexpr bool kColumnChunks = false;  // per half: 8 accumulators, 4 weight halves, 2 x halves
+  static constexpr int kWeightRows = 2;  // per half: 8 accumulators, 4 weight halves, 2 x halves
+  static constexpr bool kColumnChunks = false;
   // Lanes 0..7 (half 0) or 8..15 (half 1) of one chunk step.
   template <int R, int G>
   __attribute__((target("avx2,fma"), always_inline)) static inline void step(__m256 (&acc)[R][G], int half,
