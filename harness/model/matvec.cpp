@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "harness/common/errors.h"
@@ -302,39 +303,58 @@ __attribute__((target("avx512f,avx2,fma"))) void dot_block_avx512(const W* const
 // Xeon: 57 -> 66 tokens/s).
 constexpr int64_t kChunkColumns = 512, kChunkXRows = 32, kL1BlockBytes = int64_t{32} << 10;
 
-template <int R, typename W>
-void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
-  constexpr int kGroups = int(kChunkXRows / kBlockXRows);
-  const int64_t whole = n / 32 * 32, chunks = (whole + kChunkColumns - 1) / kChunkColumns;
+// fn(std::integral_constant<int, G>) for G = rows, 1 <= rows <= kBlockXRows: the block
+// kernels take a group's x rows as a template argument.
+template <class Fn>
+void with_x_rows(int64_t rows, Fn&& fn) {
+  static_assert(kBlockXRows == 4, "the cases below");
+  switch (rows) {
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    default: fn(std::integral_constant<int, 1>{}); break;
+  }
+}
+
+// The column chunks' order, for every chunked kernel: for each run of up to kChunkXRows
+// rows of x, each chunk of columns [from, to) of whole goes through every group of up to
+// kBlockXRows rows, columns(rows, b, group, from, to, first, part, parts) with `part` of
+// `parts` the group's share of the next block's prefetch; then finish(rows, b, group)
+// turns each group's accumulators into its sums. `group` indexes a run's groups.
+template <class Columns, class Finish>
+void for_column_chunks(int64_t batch, int64_t whole, Columns&& columns, Finish&& finish) {
+  const int64_t chunks = (whole + kChunkColumns - 1) / kChunkColumns;
   const int64_t groups = (batch + kBlockXRows - 1) / kBlockXRows;
   const int parts = int(chunks * groups);  // prefetch parts: one per (chunk, x group) call
-  __m512 state[kGroups][2][R][kBlockXRows];  // [x group][half][weight row][x row]
   for (int64_t b0 = 0; b0 < batch; b0 += kChunkXRows) {
-    const int64_t rows = std::min(kChunkXRows, batch - b0);
+    const int64_t end = std::min(batch, b0 + kChunkXRows);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t from = c * kChunkColumns, to = std::min(whole, from + kChunkColumns);
-      for (int64_t b = b0; b < b0 + rows; b += kBlockXRows) {
-        const int k = int((b - b0) / kBlockXRows);
-        PrefetchShare share(w[R - 1] + n, R * n * int64_t(sizeof(W)), int(c * groups + b / kBlockXRows), parts,
-                            2 * ((to - from) / 32));
-        switch (std::min<int64_t>(kBlockXRows, b0 + rows - b)) {
-          case 4: block_columns_avx512<R, 4, false>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 3: block_columns_avx512<R, 3, false>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 2: block_columns_avx512<R, 2, false>(w, x + b, from, to, c == 0, state[k], share); break;
-          default: block_columns_avx512<R, 1, false>(w, x + b, from, to, c == 0, state[k], share); break;
-        }
-      }
+      for (int64_t b = b0; b < end; b += kBlockXRows)
+        columns(std::min<int64_t>(kBlockXRows, end - b), b, int((b - b0) / kBlockXRows), from, to, c == 0,
+                int(c * groups + b / kBlockXRows), parts);
     }
-    for (int64_t b = b0; b < b0 + rows; b += kBlockXRows) {
-      const int k = int((b - b0) / kBlockXRows);
-      switch (std::min<int64_t>(kBlockXRows, b0 + rows - b)) {
-        case 4: finish_block_avx512<R, 4>(w, x + b, n, state[k], sums + b, batch); break;
-        case 3: finish_block_avx512<R, 3>(w, x + b, n, state[k], sums + b, batch); break;
-        case 2: finish_block_avx512<R, 2>(w, x + b, n, state[k], sums + b, batch); break;
-        default: finish_block_avx512<R, 1>(w, x + b, n, state[k], sums + b, batch); break;
-      }
-    }
+    for (int64_t b = b0; b < end; b += kBlockXRows)
+      finish(std::min<int64_t>(kBlockXRows, end - b), b, int((b - b0) / kBlockXRows));
   }
+}
+
+template <int R, typename W>
+void weight_rows_avx512_chunked(const W* const* w, const float* const* x, int64_t batch, int64_t n, float* sums) {
+  __m512 state[kChunkXRows / kBlockXRows][2][R][kBlockXRows];  // [x group][half][weight row][x row]
+  for_column_chunks(
+      batch, n / 32 * 32,
+      [&](int64_t rows, int64_t b, int group, int64_t from, int64_t to, bool first, int part, int parts) {
+        PrefetchShare share(w[R - 1] + n, R * n * int64_t(sizeof(W)), part, parts, 2 * ((to - from) / 32));
+        with_x_rows(rows, [&](auto G) {
+          block_columns_avx512<R, decltype(G)::value, false>(w, x + b, from, to, first, state[group], share);
+        });
+      },
+      [&](int64_t rows, int64_t b, int group) {
+        with_x_rows(rows, [&](auto G) {
+          finish_block_avx512<R, decltype(G)::value>(w, x + b, n, state[group], sums + b, batch);
+        });
+      });
 }
 
 // R weight rows against all `batch` rows of x. Up to two rows of x, the halves together
@@ -617,36 +637,20 @@ struct Bf16Avx2 {
 template <class Kernel, int R>
 void bf16_weight_rows_chunked(const uint16_t* const* w, const uint16_t* const* x, int64_t batch, int64_t n,
                               float* sums) {
-  constexpr int kGroups = int(kChunkXRows / 4);
-  const int64_t whole = n / kBf16Chunk * kBf16Chunk, chunks = (whole + kChunkColumns - 1) / kChunkColumns;
-  const int64_t groups = (batch + 3) / 4;
-  const int parts = int(chunks * groups);  // prefetch parts: one per (chunk, x group) call
-  __m512 state[kGroups][R][4];             // [x group][weight row][x row]
-  for (int64_t b0 = 0; b0 < batch; b0 += kChunkXRows) {
-    const int64_t rows = std::min(kChunkXRows, batch - b0);
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t from = c * kChunkColumns, to = std::min(whole, from + kChunkColumns);
-      for (int64_t b = b0; b < b0 + rows; b += 4) {
-        const int k = int((b - b0) / 4);
-        PrefetchShare share(w[R - 1] + n, R * n * 2, int(c * groups + b / 4), parts, (to - from) / kBf16Chunk);
-        switch (std::min<int64_t>(4, b0 + rows - b)) {
-          case 4: Kernel::template columns<R, 4>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 3: Kernel::template columns<R, 3>(w, x + b, from, to, c == 0, state[k], share); break;
-          case 2: Kernel::template columns<R, 2>(w, x + b, from, to, c == 0, state[k], share); break;
-          default: Kernel::template columns<R, 1>(w, x + b, from, to, c == 0, state[k], share); break;
-        }
-      }
-    }
-    for (int64_t b = b0; b < b0 + rows; b += 4) {
-      const int k = int((b - b0) / 4);
-      switch (std::min<int64_t>(4, b0 + rows - b)) {
-        case 4: Kernel::template finish<R, 4>(w, x + b, n, state[k], sums + b, batch); break;
-        case 3: Kernel::template finish<R, 3>(w, x + b, n, state[k], sums + b, batch); break;
-        case 2: Kernel::template finish<R, 2>(w, x + b, n, state[k], sums + b, batch); break;
-        default: Kernel::template finish<R, 1>(w, x + b, n, state[k], sums + b, batch); break;
-      }
-    }
-  }
+  __m512 state[kChunkXRows / kBlockXRows][R][kBlockXRows];  // [x group][weight row][x row]
+  for_column_chunks(
+      batch, n / kBf16Chunk * kBf16Chunk,
+      [&](int64_t rows, int64_t b, int group, int64_t from, int64_t to, bool first, int part, int parts) {
+        PrefetchShare share(w[R - 1] + n, R * n * 2, part, parts, (to - from) / kBf16Chunk);
+        with_x_rows(rows, [&](auto G) {
+          Kernel::template columns<R, decltype(G)::value>(w, x + b, from, to, first, state[group], share);
+        });
+      },
+      [&](int64_t rows, int64_t b, int group) {
+        with_x_rows(rows, [&](auto G) {
+          Kernel::template finish<R, decltype(G)::value>(w, x + b, n, state[group], sums + b, batch);
+        });
+      });
 }
 
 template <class Kernel, int R>
