@@ -103,6 +103,38 @@ TEST_CASE("matvec's B rows each have the bits of that row alone, at every batch 
     }
 }
 
+TEST_CASE("matvec_each gives each weight matvec()'s bits, on one thread and on two", "[matvec][threads]") {
+  // q, k, v-like: three heights (none a multiple of a block's rows), biases on two, one
+  // pass whose blocks the threads take as they come.
+  ThreadCountGuard guard;
+  torch::manual_seed(13);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const std::vector<Linear> linears = {{torch::randn({1001, 300}).to(dtype), torch::randn({1001}).to(dtype)},
+                                         {torch::randn({257, 300}).to(dtype), {}},
+                                         {torch::randn({7, 300}).to(dtype), torch::randn({7}).to(dtype)}};
+    auto x = torch::randn({13, 300}).to(dtype);
+    for (int threads : {1, 2}) {
+      set_thread_count(threads);
+      for (int64_t batch : {1, 4, 13}) {
+        INFO("dtype " << dtype << " batch " << batch << " threads " << threads);
+        const auto rows = x.narrow(0, 0, batch);
+        const auto each = matvec_each(linears, rows);
+        REQUIRE(each.size() == linears.size());
+        for (size_t i = 0; i < linears.size(); ++i)
+          CHECK(test::same_bits(each[i], matvec(linears[i].weight, rows, linears[i].bias)));
+        const auto one_row = matvec_each(linears, x[0]);
+        for (size_t i = 0; i < linears.size(); ++i)
+          CHECK(test::same_bits(one_row[i], matvec(linears[i].weight, x[0], linears[i].bias)));
+      }
+    }
+  }
+  // A group whose weights differ in width or dtype is refused.
+  CHECK_THROWS_AS(matvec_each({{torch::randn({8, 4}), {}}, {torch::randn({8, 5}), {}}}, torch::randn({4})), Error);
+  CHECK_THROWS_AS(matvec_each({{torch::randn({8, 4}), {}}, {torch::randn({8, 4}).to(torch::kBFloat16), {}}},
+                              torch::randn({4})),
+                  Error);
+}
+
 TEST_CASE("matvec's AVX-512 kernel gives the AVX2 kernel's bits", "[matvec][batch][can-skip]") {
   if (matvec_isa() < MatvecIsa::Avx512) {
     KVEVICT_SKIP("this CPU (or ATEN_CPU_CAPABILITY) runs no AVX-512 kernel here");

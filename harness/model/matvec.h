@@ -8,6 +8,8 @@
 // multiply-adds per float32 lane and instruction, no widening), in an order that the
 // other kernels follow too (matvec.cpp).
 #pragma once
+#include <vector>
+
 #include "harness/model/tensor.h"
 
 namespace kvevict {
@@ -24,6 +26,17 @@ bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const
 // result depends neither on the thread count nor on the batch. float32 and bfloat16 sum in
 // different orders (bfloat16 in vdpbf16ps's pairs), each the same in every kernel of its dtype.
 torch::Tensor matvec(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& bias = {});
+
+// One weight [out, in] and its bias (undefined or [out]).
+struct Linear {
+  torch::Tensor weight, bias;
+};
+
+// matvec() of each weight with the same x ([in] or [B, in]; all weights of one dtype and
+// width), in one parallel region whose threads share out the rows of all of them: a
+// layer's q, k and v (or gate and up) cost one start and one wait of the threads, not
+// three. Each output has matvec()'s bits.
+std::vector<torch::Tensor> matvec_each(const std::vector<Linear>& linears, const torch::Tensor& x);
 
 // The vector instructions matvec() runs: AVX-512 where the CPU has it (with AVX512-BF16's
 // dot product for bfloat16 where it has that too), else AVX2 with FMA, else portable C++.

@@ -191,6 +191,22 @@ torch::Tensor Model::project(const torch::Tensor& x, const torch::Tensor& weight
   return torch::cat(parts, 0);
 }
 
+std::vector<torch::Tensor> Model::project_each(const torch::Tensor& x, const std::vector<Linear>& linears,
+                                               const RowLayout& rows) const {
+  const bool whole_x_in_one_matvec =
+      x.device().is_cpu() && x.dim() == 2 &&
+      (rows.first.size() == 1 ? x.size(0) == 1
+                              : rows.decode_rows.defined() && rows.decode_rows.size(0) == rows.total);
+  bool one_pass = whole_x_in_one_matvec;
+  for (const Linear& l : linears)
+    one_pass = one_pass && l.weight.nbytes() >= kMatvecMinWeightBytes && matvec_supported(l.weight, x, l.bias) &&
+               l.weight.scalar_type() == linears.front().weight.scalar_type();
+  if (one_pass) return matvec_each(linears, x);
+  std::vector<torch::Tensor> out;  // [linears]
+  for (const Linear& l : linears) out.push_back(project(x, l.weight, l.bias, rows));
+  return out;
+}
+
 torch::Tensor Model::per_segment(const torch::Tensor& x, const RowLayout& rows,
                                  const std::function<torch::Tensor(const torch::Tensor&, size_t)>& fn) const {
   if (rows.first.size() == 1) return fn(x, 0);
@@ -232,9 +248,12 @@ torch::Tensor Model::attention_block(int layer, const torch::Tensor& h, const st
     k = qkv.narrow(1, q_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
     v = qkv.narrow(1, q_rows + kv_rows, kv_rows).reshape({t, arch_.n_kv_heads, hd});
   } else {
-    q = project(h, W(Role::QWeight), W(Role::QBias), rows).view({t, arch_.n_heads, hd});
-    k = project(h, W(Role::KWeight), W(Role::KBias), rows).view({t, arch_.n_kv_heads, hd});
-    v = project(h, W(Role::VWeight), W(Role::VBias), rows).view({t, arch_.n_kv_heads, hd});
+    const auto qkv = project_each(
+        h, {{W(Role::QWeight), W(Role::QBias)}, {W(Role::KWeight), W(Role::KBias)}, {W(Role::VWeight), W(Role::VBias)}},
+        rows);
+    q = qkv[0].view({t, arch_.n_heads, hd});
+    k = qkv[1].view({t, arch_.n_kv_heads, hd});
+    v = qkv[2].view({t, arch_.n_kv_heads, hd});
   }
   if (W(Role::QNormWeight).defined()) {  // Qwen3: RMSNorm over head_dim of every head, before RoPE
     q = per_segment(q, rows, [&](const torch::Tensor& x, size_t) { return rms_norm(x, W(Role::QNormWeight), arch_.norm_eps); });
@@ -309,8 +328,8 @@ torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h, const RowLayou
     return project(silu_rows(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight), {}, rows);
   }
   if (arch_.mlp == MlpKind::SwiGLU) {
-    auto up = project(h, W(Role::UpWeight), {}, rows);
-    return project(silu_rows(project(h, W(Role::GateWeight), {}, rows)) * up, W(Role::DownWeight), {}, rows);
+    const auto gate_up = project_each(h, {{W(Role::GateWeight), {}}, {W(Role::UpWeight), {}}}, rows);
+    return project(silu_rows(gate_up[0]) * gate_up[1], W(Role::DownWeight), {}, rows);
   }
   auto hidden = project(h, W(Role::Fc1Weight), W(Role::Fc1Bias), rows);
   return project(per_row(hidden, rows, activation_rows_apart(F), [&](const torch::Tensor& x) { return activation(x); }),

@@ -12,6 +12,7 @@
 
 #include "harness/model/architecture.h"
 #include "harness/model/dmc.h"
+#include "harness/model/matvec.h"
 #include "harness/model/safetensors.h"
 #include "harness/tokenizers/tokenizer.h"
 
@@ -125,6 +126,10 @@ class Model {
   };
   torch::Tensor project(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                         const RowLayout& rows) const;
+  // project() of each weight, the products in one matvec_each() pass where every one of them
+  // would be a single matvec() of all of x.
+  std::vector<torch::Tensor> project_each(const torch::Tensor& x, const std::vector<Linear>& linears,
+                                          const RowLayout& rows) const;
   // fn applied to each segment's rows of x, stacked again.
   torch::Tensor per_segment(const torch::Tensor& x, const RowLayout& rows,
                             const std::function<torch::Tensor(const torch::Tensor&, size_t)>& fn) const;
