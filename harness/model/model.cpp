@@ -16,6 +16,7 @@
 #include "harness/model/rope.h"
 #include "harness/model/threads.h"
 #include "harness/model/tiled_linear.h"
+#include "harness/model/weight_arena.h"
 
 namespace kvevict {
 namespace {
@@ -114,15 +115,24 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (!random) check_tensors_match_config(arch, weights, dir);
   if (random) torch::manual_seed(static_cast<uint64_t>(options.random_weights_seed));
   model->layers_.resize(arch.n_layers);
+  // On the CPU the weights are copied into 2 MiB pages (weight_arena.h) where memory allows.
+  size_t arena_bytes = 0;
+  for (const TensorSpec& spec : arch.tensors)
+    arena_bytes += weight_arena_bytes(c10::multiply_integers(spec.shape), model->dtype_);
+  std::unique_ptr<WeightArena> arena;
+  if (model->device_.is_cpu() && WeightArena::fits_in_memory(arena_bytes))
+    arena = std::make_unique<WeightArena>(arena_bytes);
   for (const TensorSpec& spec : arch.tensors) {
     torch::Tensor t = random ? random_weight(spec, torch::TensorOptions().dtype(model->dtype_).device(model->device_))
                              : weights.get(spec.name, model->dtype_, model->device_);
+    if (arena) t = arena->empty(spec.shape, model->dtype_).copy_(t);
     if (spec.layer < 0)
       model->global_[static_cast<int>(spec.role)] = t;
     else
       model->layers_[spec.layer][static_cast<int>(spec.role)] = t;
   }
   if (arch.tied_head) model->global_[static_cast<int>(Role::LmHead)] = model->global_[static_cast<int>(Role::Embed)];
+  if (arena) model->weights_ = WeightStore();  // nothing views the checkpoint's mapping now: unmap it
 
   // inv_freq in float32, as Hugging Face computes it (dynamic NTK: again per pass); float64
   // runs in float64, as the float64 references compute it.

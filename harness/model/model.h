@@ -90,6 +90,11 @@ class Model {
   torch::Device device() const { return device_; }
   torch::ScalarType dtype() const { return dtype_; }
   double load_seconds() const { return load_seconds_; }
+  // A weight as the model holds it, of layer `layer` (-1: the model's own, as the
+  // embedding); undefined where the architecture has none.
+  const torch::Tensor& weight(Role role, int layer = -1) const {
+    return layer < 0 ? global_[static_cast<int>(role)] : layers_.at(layer)[static_cast<int>(role)];
+  }
   // How many whole requests an evaluation may run at once: 1, unless the model's ops are
   // too small to split, when each op runs on one thread and the threads (--threads,
   // default all physical cores) take one request each instead.
