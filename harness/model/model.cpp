@@ -123,9 +123,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
   if (model->device_.is_cpu() && WeightArena::fits_in_memory(arena_bytes))
     arena = std::make_unique<WeightArena>(arena_bytes);
   for (const TensorSpec& spec : arch.tensors) {
-    torch::Tensor t = random ? random_weight(spec, torch::TensorOptions().dtype(model->dtype_).device(model->device_))
-                             : weights.get(spec.name, model->dtype_, model->device_);
-    if (arena) t = arena->empty(spec.shape, model->dtype_).copy_(t);
+    const auto options = torch::TensorOptions().dtype(model->dtype_).device(model->device_);
+    torch::Tensor t;
+    if (arena)
+      t = arena->copy_of(random ? random_weight(spec, options) : weights.stored(spec.name), model->dtype_);
+    else
+      t = random ? random_weight(spec, options) : weights.get(spec.name, model->dtype_, model->device_);
     if (spec.layer < 0)
       model->global_[static_cast<int>(spec.role)] = t;
     else

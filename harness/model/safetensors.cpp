@@ -147,11 +147,15 @@ const TensorInfo& WeightStore::info(const std::string& name) const {
   return it->second.second;
 }
 
-torch::Tensor WeightStore::get(const std::string& name, torch::ScalarType dtype,
-                               const torch::Device& device) const {
+torch::Tensor WeightStore::stored(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) throw Error("tensor " + name + " is missing from the checkpoint");
-  torch::Tensor t = files_[it->second.first]->view(it->second.second).to(device, dtype);
+  return files_[it->second.first]->view(it->second.second);
+}
+
+torch::Tensor WeightStore::get(const std::string& name, torch::ScalarType dtype,
+                               const torch::Device& device) const {
+  torch::Tensor t = stored(name).to(device, dtype);
   return t.is_contiguous() ? t : t.contiguous();
 }
 

@@ -52,6 +52,8 @@ class WeightStore {
   static WeightStore open(const std::string& model_dir);
   bool has(const std::string& name) const { return where_.count(name) > 0; }
   const TensorInfo& info(const std::string& name) const;
+  // The stored tensor as stored (a view of the mapping where alignment allows), only to read.
+  torch::Tensor stored(const std::string& name) const;
   // The stored tensor converted to `dtype` on `device` (no copy when nothing changes).
   torch::Tensor get(const std::string& name, torch::ScalarType dtype,
                     const torch::Device& device) const;

@@ -65,4 +65,8 @@ torch::Tensor WeightArena::empty(at::IntArrayRef shape, torch::ScalarType dtype)
   return torch::from_blob(at, shape, [keep](void*) {}, torch::TensorOptions().dtype(dtype));
 }
 
+torch::Tensor WeightArena::copy_of(const torch::Tensor& source, torch::ScalarType dtype) {
+  return empty(source.sizes(), dtype).copy_(source);
+}
+
 }  // namespace kvevict

@@ -4,6 +4,8 @@
 // whose page cache held 4 KiB pages, at 52 from one held in 2 MiB folios (llama.cpp's GGUF
 // mapping had those: 54). A file's page cache is not ours to choose, so the weights are
 // copied into one anonymous mapping marked MADV_HUGEPAGE, whatever the file's pages.
+// The cost is at load: the kernel zeroes each new 2 MiB page (in this VM about 1.1 s of
+// CPU for those 524 MB, most of the load).
 #pragma once
 #include "harness/model/tensor.h"
 
@@ -20,6 +22,10 @@ class WeightArena {
   // An uninitialised contiguous tensor in the arena; it keeps the arena's mapping alive.
   // Throws when the arena is full.
   torch::Tensor empty(at::IntArrayRef shape, torch::ScalarType dtype);
+
+  // A tensor in the arena with source's shape and values, converted to `dtype` as
+  // .to(dtype) converts.
+  torch::Tensor copy_of(const torch::Tensor& source, torch::ScalarType dtype);
 
   // Whether `bytes` of weights fit in the memory the kernel reports available with 1 GiB
   // to spare; otherwise a model keeps its weights as views of the checkpoint's mapping,
