@@ -1,6 +1,7 @@
 #include "harness/runtime/roofline.h"
 
 #include "harness/model/matvec.h"
+#include "harness/model/weight_arena.h"
 
 #include <ATen/Parallel.h>
 
@@ -58,8 +59,12 @@ GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_
 
 WeightPass::WeightPass(const ArchSpec& arch, torch::ScalarType dtype) : dtype_(dtype) {
   torch::NoGradGuard no_grad;
+  size_t bytes = 0;
+  for (const auto& [shape, count] : linear_shapes(arch)) bytes += count * weight_arena_bytes(shape.first * shape.second, dtype);
+  WeightArena arena(bytes);  // the model's pages (Model::load)
   for (const auto& [shape, count] : linear_shapes(arch))
-    for (int c = 0; c < count; ++c) weights_.push_back((torch::randn({shape.first, shape.second}) * 0.02).to(dtype));
+    for (int c = 0; c < count; ++c)
+      weights_.push_back(arena.copy_of(torch::randn({shape.first, shape.second}) * 0.02, dtype));
   seconds(1);  // warm-up: first-touch pages
 }
 
@@ -123,12 +128,15 @@ uint64_t sum_words(const uint64_t* data, int64_t begin, int64_t end) {
 
 }  // namespace
 
-BandwidthProbe::BandwidthProbe(int64_t bytes)
-    : buffer_(static_cast<size_t>(std::max<int64_t>(bytes / 8, 1)), 1) {}  // written: every page is real
+BandwidthProbe::BandwidthProbe(int64_t bytes) {
+  const int64_t words = std::max<int64_t>(bytes / 8, 1);
+  buffer_ = WeightArena(weight_arena_bytes(words, torch::kLong)).empty({words}, torch::kLong);
+  buffer_.fill_(1);  // written: every page is real
+}
 
 ReadBandwidth BandwidthProbe::measure(int repeat) const {
-  const int64_t words = static_cast<int64_t>(buffer_.size());
-  const uint64_t* data = buffer_.data();
+  const int64_t words = buffer_.numel();
+  const auto* data = reinterpret_cast<const uint64_t*>(buffer_.data_ptr<int64_t>());
   const int threads = at::get_num_threads();
   const int runs = std::max(repeat, 3);
   ReadBandwidth result;

@@ -38,9 +38,10 @@ struct GemmPeak {
 GemmPeak measure_gemm_peak(const ArchSpec& arch, torch::ScalarType dtype, int64_t rows, int repeat);
 
 // One pass over every weight matrix of `arch` (random values in `dtype`, the model's own
-// shapes, each its own buffer; the LM head included), through the kernel a decode step
-// uses for them, for `batch` rows at once: a decode step's weight stream and its
-// products alone, without the per-op work around it. The weights are made once;
+// shapes, each its own buffer, in 2 MiB pages as Model::load places them; the LM head
+// included), through the kernel a decode step uses for them, for `batch` rows at once: a
+// decode step's weight stream and its products alone, without the per-op work around
+// it. The weights are made once;
 // seconds(repeat, batch) times the pass, best of `repeat`.
 class WeightPass {
  public:
@@ -60,14 +61,15 @@ struct ReadBandwidth {
 // Bytes per second of reading a buffer of `bytes` (far larger than the caches): each of
 // the current ATen threads streams its own slice with several accumulators at once;
 // the best of `repeat` (at least 3) runs. The buffer is made (and every page touched)
-// once, so a phase can be bracketed by measurements taken just before it.
+// once, so a phase can be bracketed by measurements taken just before it. It sits in
+// 2 MiB pages, as a model's weights do (weight_arena.h).
 class BandwidthProbe {
  public:
   explicit BandwidthProbe(int64_t bytes);
   ReadBandwidth measure(int repeat) const;
 
  private:
-  std::vector<uint64_t> buffer_;
+  torch::Tensor buffer_;  // [bytes / 8] int64, all ones
 };
 ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat);
 
