@@ -846,12 +846,14 @@ void for_weight_blocks(const std::vector<Product<W, Out>>& products, int64_t bat
         const int64_t r = (i - first_block[p]) * block_rows;
         const int64_t count = std::min(block_rows, product.out - r);
         block(product.weight, r, count, sums.data());
-        for (int64_t k = 0; k < count; ++k)
-          for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t b = 0; b < batch; ++b) {  // each row of y written in one run of `count` outputs
+          Out* y = product.y + b * product.out + r;
+          for (int64_t k = 0; k < count; ++k) {
             float sum = sums[k * batch + b];
             if (product.bias) sum += widen(product.bias[r + k]);
-            store(product.y + b * product.out + r + k, sum);
+            store(y + k, sum);
           }
+        }
       }
       begin = next_block.load(std::memory_order_relaxed);
     }
