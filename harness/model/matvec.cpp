@@ -930,12 +930,11 @@ bool matvec_supported(const torch::Tensor& weight, const torch::Tensor& x, const
 
 std::vector<torch::Tensor> matvec_each(const std::vector<Linear>& linears, const torch::Tensor& x) {
   for (const Linear& l : linears)
-    if (!matvec_supported(l.weight, x, l.bias) || l.weight.size(1) != linears.front().weight.size(1) ||
-        l.weight.scalar_type() != linears.front().weight.scalar_type())
+    if (!matvec_supported(l.weight, x, l.bias))  // each weight of x's dtype and width
       throw Error(std::string("matvec: weight ") + c10::toString(l.weight.scalar_type()) + " [" +
                   std::to_string(l.weight.size(0)) + ", " + std::to_string(l.weight.dim() > 1 ? l.weight.size(1) : 0) +
                   "] with x " + c10::toString(x.scalar_type()) + " of " + std::to_string(x.numel()) +
-                  " elements is not a case matvec_supported() accepts, or not the group's shape");
+                  " elements is not a case matvec_supported() accepts");
   std::vector<torch::Tensor> ys;  // [linears]: each [batch, out] or [out]
   if (linears.empty()) return ys;
   const int64_t in = x.size(-1), batch = x.dim() == 2 ? x.size(0) : 1;

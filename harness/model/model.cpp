@@ -206,14 +206,14 @@ torch::Tensor Model::project(const torch::Tensor& x, const torch::Tensor& weight
 
 std::vector<torch::Tensor> Model::project_each(const torch::Tensor& x, const std::vector<Linear>& linears,
                                                const RowLayout& rows) const {
-  const bool whole_x_in_one_matvec =
-      x.device().is_cpu() && x.dim() == 2 &&
-      (rows.first.size() == 1 ? x.size(0) == 1
-                              : rows.decode_rows.defined() && rows.decode_rows.size(0) == rows.total);
-  bool one_pass = whole_x_in_one_matvec;
+  // Whether project() of x is one matvec() of all of its rows: a single-row segment, or a
+  // batch whose segments are all decode rows, through a weight matvec() takes.
+  const bool all_rows =
+      x.dim() == 2 && (rows.first.size() == 1 ? x.size(0) == 1
+                                              : rows.decode_rows.defined() && rows.decode_rows.size(0) == rows.total);
+  bool one_pass = all_rows;
   for (const Linear& l : linears)
-    one_pass = one_pass && l.weight.nbytes() >= kMatvecMinWeightBytes && matvec_supported(l.weight, x, l.bias) &&
-               l.weight.scalar_type() == linears.front().weight.scalar_type();
+    one_pass = one_pass && l.weight.nbytes() >= kMatvecMinWeightBytes && matvec_supported(l.weight, x, l.bias);
   if (one_pass) return matvec_each(linears, x);
   std::vector<torch::Tensor> out;  // [linears]
   for (const Linear& l : linears) out.push_back(project(x, l.weight, l.bias, rows));
