@@ -9,7 +9,7 @@
 
 #include "harness/common/errors.h"
 
-#include "harness/runtime/double_exp.h"
+#include "harness/runtime/slot_softmax.h"
 
 namespace kvevict {
 namespace {
@@ -17,36 +17,6 @@ namespace {
 // Below this many logits in a block, the heads stay on the calling thread: a parallel
 // region costs more than they do.
 constexpr int64_t kParallelLogits = 4096;
-
-// The softmax of one logits row (n columns) over the slots a query sees: slot s sits at
-// column columns[s] and is seen when visible (vis null: every slot) and not older than
-// `oldest`. The row becomes the attention in place (0 but at the seen slots) and out[s]
-// gets slot s's share. exps: scratch for `slots` doubles. Returns the slots seen.
-template <typename Scalar>
-int masked_softmax(Scalar* row, int64_t n, const std::vector<int>& positions, const std::vector<int>& columns,
-                   int slots, int64_t oldest, const char* vis, double* exps, float* out) {
-  auto seen = [&](int s) { return positions[s] >= oldest && (!vis || vis[s]); };
-  double m = -std::numeric_limits<double>::infinity();
-  for (int s = 0; s < slots; ++s)
-    if (seen(s)) m = std::max<double>(m, row[columns[s]]);
-  // exp(l - m) of the seen slots, four at a time with std::exp's bits (double_exp.h); the
-  // others get a stand-in on exp's fast path, then 0.
-  for (int s = 0; s < slots; ++s) exps[s] = seen(s) ? row[columns[s]] - m : -1.0;
-  exp_doubles(exps, exps, slots);
-  double sum = 0;  // summed in double: no rounding noise of its own
-  int count = 0;
-  for (int s = 0; s < slots; ++s) {
-    const bool is_seen = seen(s);
-    if (!is_seen) exps[s] = 0.0;
-    sum += exps[s];
-    count += is_seen;
-  }
-  const double inv = 1.0 / sum;
-  for (int s = 0; s < slots; ++s) out[s] = static_cast<float>(exps[s] * inv);
-  std::fill(row, row + n, Scalar(0));
-  for (int s = 0; s < slots; ++s) row[columns[s]] = static_cast<Scalar>(exps[s] * inv);
-  return count;
-}
 
 }  // namespace
 
@@ -202,9 +172,14 @@ template <typename Scalar>
 int PolicyDriver::attend(Head& head, int kv, int member, int64_t r, int64_t rows, int64_t n, Scalar* logits) {
   const int slots = head.state->size();
   const int64_t h = static_cast<int64_t>(kv) * group_ + member;
-  return masked_softmax(logits + (h * rows + r) * n, n, head.state->positions(), head.columns, slots,
-                                head.oldest, head.vis, head.exps[member].data(),
-                                head.observed.data() + static_cast<size_t>(member) * slots);
+  SlotRow at;
+  at.positions = head.state->positions().data();
+  at.columns = head.columns.data();
+  at.slots = slots;
+  at.oldest = head.oldest;
+  at.vis = head.vis;
+  return slot_softmax(logits + (h * rows + r) * n, n, at, head.exps[member].data(),
+                      head.observed.data() + static_cast<size_t>(member) * slots);
 }
 
 void PolicyDriver::record_visible(const Head& head, int kv, int64_t r, int64_t rows, int64_t n,

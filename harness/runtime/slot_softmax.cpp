@@ -1,0 +1,239 @@
+#include "harness/runtime/slot_softmax.h"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include "harness/runtime/double_exp.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVEVICT_SLOT_SOFTMAX_AVX2 1
+#endif
+
+namespace kvevict {
+namespace {
+
+constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+
+// The lanes' sums added up: lane j with lane j + 4, then the pairs (0, 2) and (1, 3),
+// then the two: the order an AVX2 register's halves add in.
+double add_lanes(const double (&acc)[kSumLanes]) {
+  const double t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6], t3 = acc[3] + acc[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+// std::max(m, x): a NaN x leaves m, as maxps/maxpd with x first do.
+template <typename T>
+T max_keep(T m, T x) {
+  return m < x ? x : m;
+}
+
+template <typename Scalar>
+double max_scalar(const Scalar* x, int n) {
+  Scalar lanes[4] = {Scalar(kMinusInf), Scalar(kMinusInf), Scalar(kMinusInf), Scalar(kMinusInf)};
+  int s = 0;
+  for (; s + 4 <= n; s += 4)
+    for (int j = 0; j < 4; ++j) lanes[j] = max_keep(lanes[j], x[s + j]);
+  for (; s < n; ++s) lanes[0] = max_keep(lanes[0], x[s]);
+  return max_keep(max_keep(lanes[0], lanes[1]), max_keep(lanes[2], lanes[3]));
+}
+
+template <typename Scalar>
+void shift_scalar(const Scalar* x, int n, double m, double* out) {
+  for (int s = 0; s < n; ++s) out[s] = static_cast<double>(x[s]) - m;
+}
+
+// Adds x[0 .. n-1] to the lanes, x[0] to lane 0: a run that starts at a multiple of
+// kSumLanes continues the lanes of the runs before it.
+void lane_add_scalar(const double* x, int n, double (&acc)[kSumLanes]) {
+  for (int s = 0; s < n; ++s) acc[s % kSumLanes] += x[s];
+}
+
+// out[s] = e[s] * inv as a float; also to `row` when not null.
+void scale_scalar(const double* e, int n, double inv, float* out, float* row) {
+  for (int s = 0; s < n; ++s) out[s] = static_cast<float>(e[s] * inv);
+  if (row) std::copy(out, out + n, row);
+}
+
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+#define AVX2 __attribute__((target("avx2")))
+
+AVX2 double max_avx2(const float* x, int n) {
+  __m256 lanes = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int s = 0;
+  for (; s + 8 <= n; s += 8) lanes = _mm256_max_ps(_mm256_loadu_ps(x + s), lanes);
+  float rest[8];
+  _mm256_storeu_ps(rest, lanes);
+  float m = rest[0];
+  for (int j = 1; j < 8; ++j) m = max_keep(m, rest[j]);
+  for (; s < n; ++s) m = max_keep(m, x[s]);
+  return m;
+}
+
+AVX2 void shift_avx2(const float* x, int n, double m, double* out) {
+  const __m256d mv = _mm256_set1_pd(m);
+  int s = 0;
+  for (; s + 4 <= n; s += 4) _mm256_storeu_pd(out + s, _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + s)), mv));
+  for (; s < n; ++s) out[s] = static_cast<double>(x[s]) - m;
+}
+
+AVX2 void lane_add_avx2(const double* x, int n, double (&acc)[kSumLanes]) {
+  __m256d low = _mm256_loadu_pd(acc), high = _mm256_loadu_pd(acc + 4);  // lanes 0-3, 4-7
+  int s = 0;
+  for (; s + kSumLanes <= n; s += kSumLanes) {
+    low = _mm256_add_pd(low, _mm256_loadu_pd(x + s));
+    high = _mm256_add_pd(high, _mm256_loadu_pd(x + s + 4));
+  }
+  _mm256_storeu_pd(acc, low);
+  _mm256_storeu_pd(acc + 4, high);
+  for (int j = 0; s < n; ++s, ++j) acc[j] += x[s];
+}
+
+AVX2 void scale_avx2(const double* e, int n, double inv, float* out, float* row) {
+  const __m256d iv = _mm256_set1_pd(inv);
+  int s = 0;
+  if (row)
+    for (; s + 4 <= n; s += 4) {
+      const __m128 p = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(e + s), iv));
+      _mm_storeu_ps(out + s, p);
+      _mm_storeu_ps(row + s, p);
+    }
+  else
+    for (; s + 4 <= n; s += 4) _mm_storeu_ps(out + s, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(e + s), iv)));
+  for (; s < n; ++s) {
+    out[s] = static_cast<float>(e[s] * inv);
+    if (row) row[s] = out[s];
+  }
+}
+#endif
+
+bool use_avx2() {
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  static const bool use = __builtin_cpu_supports("avx2");
+  return use;
+#else
+  return false;
+#endif
+}
+
+double max_of(const float* x, int n) {
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  if (use_avx2()) return max_avx2(x, n);
+#endif
+  return max_scalar(x, n);
+}
+double max_of(const double* x, int n) { return max_scalar(x, n); }
+
+void shift(const float* x, int n, double m, double* out) {
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  if (use_avx2()) return shift_avx2(x, n, m, out);
+#endif
+  shift_scalar(x, n, m, out);
+}
+void shift(const double* x, int n, double m, double* out) { shift_scalar(x, n, m, out); }
+
+void lane_add(const double* x, int n, double (&acc)[kSumLanes]) {
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  if (use_avx2()) return lane_add_avx2(x, n, acc);
+#endif
+  lane_add_scalar(x, n, acc);
+}
+
+void scale(const double* e, int n, double inv, float* out, float* row) {
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  if (use_avx2()) return scale_avx2(e, n, inv, out, row);
+#endif
+  scale_scalar(e, n, inv, out, row);
+}
+
+// Slots per run of the in-order path's shift, exponential and sum: its doubles stay in
+// the first-level cache between the three (a multiple of kSumLanes).
+constexpr int kRun = 512;
+
+// The attention at the seen slots' columns; 0 elsewhere.
+void write_row(float* row, int64_t n, const SlotRow& at, bool in_order, const double* e, double inv, const float* out) {
+  if (in_order) {
+    std::fill(row + at.slots, row + n, 0.0f);  // the slots' columns hold out's shares already
+    return;
+  }
+  std::fill(row, row + n, 0.0f);
+  for (int s = 0; s < at.slots; ++s) row[at.columns[s]] = out[s];
+}
+void write_row(double* row, int64_t n, const SlotRow& at, bool in_order, const double* e, double inv, const float*) {
+  std::fill(row, row + n, 0.0);
+  for (int s = 0; s < at.slots; ++s) row[in_order ? s : at.columns[s]] = e[s] * inv;
+}
+
+template <typename Scalar>
+int softmax(Scalar* row, int64_t n, const SlotRow& at, double* e, float* out) {
+  const int slots = at.slots;
+  bool all_seen = !at.vis;
+  if (at.oldest > std::numeric_limits<int64_t>::min())
+    for (int s = 0; s < slots && all_seen; ++s) all_seen = at.positions[s] >= at.oldest;
+  int out_of_order = 0;  // 0 when slot s sits at column s for every s (no early exit: the loop vectorises)
+  for (int s = 0; s < slots; ++s) out_of_order |= at.columns[s] ^ s;
+  const bool in_order = out_of_order == 0;
+  double acc[kSumLanes] = {};
+  int count = slots;
+  if (all_seen && in_order) {
+    const double m = max_of(row, slots);
+    for (int from = 0; from < slots; from += kRun) {
+      const int len = std::min(kRun, slots - from);
+      shift(row + from, len, m, e + from);
+      exp_doubles(e + from, e + from, len);
+      lane_add(e + from, len, acc);
+    }
+  } else {
+    // out holds whether each slot is seen until the shares overwrite it.
+    double lanes[4] = {kMinusInf, kMinusInf, kMinusInf, kMinusInf};
+    for (int s = 0; s < slots; ++s) {
+      const bool seen = at.positions[s] >= at.oldest && (!at.vis || at.vis[s]);
+      const double x = static_cast<double>(row[at.columns[s]]);
+      out[s] = seen;
+      e[s] = x;
+      if (seen) lanes[s & 3] = max_keep(lanes[s & 3], x);
+    }
+    const double m = max_keep(max_keep(lanes[0], lanes[1]), max_keep(lanes[2], lanes[3]));
+    // The unseen get a stand-in on exp's fast path, then 0.
+    for (int s = 0; s < slots; ++s) e[s] = out[s] != 0.0f ? e[s] - m : -1.0;
+    exp_doubles(e, e, slots);
+    count = 0;
+    for (int s = 0; s < slots; ++s) {
+      const bool seen = out[s] != 0.0f;
+      e[s] = seen ? e[s] : 0.0;
+      count += seen;
+    }
+    lane_add(e, slots, acc);
+  }
+  const double inv = 1.0 / add_lanes(acc);
+  float* float_row = nullptr;
+  if constexpr (std::is_same_v<Scalar, float>) float_row = in_order ? row : nullptr;
+  scale(e, slots, inv, out, float_row);
+  write_row(row, n, at, in_order, e, inv, out);
+  return count;
+}
+
+}  // namespace
+
+double lane_sum_scalar(const double* x, int n) {
+  double acc[kSumLanes] = {};
+  lane_add_scalar(x, n, acc);
+  return add_lanes(acc);
+}
+
+double lane_sum(const double* x, int n) {
+  double acc[kSumLanes] = {};
+  lane_add(x, n, acc);
+  return add_lanes(acc);
+}
+
+int slot_softmax(float* row, int64_t n, const SlotRow& at, double* exps, float* out) {
+  return softmax(row, n, at, exps, out);
+}
+
+int slot_softmax(double* row, int64_t n, const SlotRow& at, double* exps, float* out) {
+  return softmax(row, n, at, exps, out);
+}
+
+}  // namespace kvevict
