@@ -33,8 +33,13 @@ class ScoredSlots {
 
   // probs: [group][slots], the attention of the head's query heads.
   void observe(const float* probs) {
-    reduce_group(probs, group_, slots.size(), reduce_, &aggregated_);
-    policy_.on_observe(slots, aggregated_.data());
+    // One query head per KV head: its row is the mean and the maximum, bit for bit.
+    if (group_ == 1) {
+      policy_.on_observe(slots, probs);
+    } else {
+      reduce_group(probs, group_, slots.size(), reduce_, &aggregated_);
+      policy_.on_observe(slots, aggregated_.data());
+    }
     slots.steps++;
   }
 
