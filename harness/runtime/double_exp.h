@@ -1,4 +1,4 @@
-// std::exp on doubles, four at a time, with std::exp's own bits. Sim mode's masked
+// std::exp on doubles, four or eight at a time, with std::exp's own bits. Sim mode's masked
 // softmax of every realisable policy takes one double exponential per kept slot of every
 // row (about 30 million per T=1024 forward of the 12-layer bench model); as calls to
 // libm's exp they were its largest cost after the products (perf).
@@ -10,7 +10,9 @@
 // nearest 2^(k/128), and the double nearest its relative error. Lanes outside exp's main
 // path (|x| < 2^-54, |x| >= 512, inf, NaN) call std::exp. The loop is used only after
 // it has matched std::exp on a wide sample of its range in this process (another libm,
-// or a CPU where glibc picks its non-FMA exp, keeps the calls).
+// or a CPU where glibc picks its non-FMA exp, keeps the calls). Where the CPU has AVX-512
+// (and ATEN_CPU_CAPABILITY is not avx2 or default) the loop takes eight lanes at a time,
+// with the same operations.
 // tests/test_double_exp.cpp compares the two.
 #pragma once
 #include <cstdint>
@@ -24,7 +26,8 @@ void exp_doubles(const double* x, double* out, int n);
 // Whether exp_doubles runs the vector loop here (it checked itself against std::exp).
 bool vector_exp_in_use();
 
-// The vector loop alone, for the tests (only where the CPU has AVX2 and FMA).
+// The vector loop alone (eight lanes or four, as exp_doubles runs it), for the tests;
+// only where the CPU has AVX2 and FMA.
 bool vector_exp_supported();
 void exp_doubles_vector(const double* x, double* out, int n);
 
