@@ -215,6 +215,15 @@ TEST_CASE("the policy driver compresses block+'s prefill after each block, and r
   std::vector<float> logits(4 * 6, 0.0f), norms(4, 1.0f);
   CHECK_THAT(test::error_of([&] { driver.rows(2, 4, 6, logits.data(), norms.data()); }),
              Catch::Contains("runs past position 3"));
+  // Over a head's slots and the block's keys (sim mode's held slots) nothing moves: one call
+  // may cross the compressions, and the columns kept are the block's own.
+  PolicyDriver versions(*policy->as_realisable(), 0, shape, 0, SlotColumns::Versions);
+  versions.start_block(0);
+  std::vector<float> all(16 * 16, 0.0f), all_norms(16, 1.0f);
+  versions.rows(0, 16, 16, all.data(), all_norms.data());
+  CHECK(versions.slots(0) == 5);
+  CHECK(versions.columns(0) == versions.state(0).positions());
+  CHECK(versions.take_moves().empty());
 }
 
 TEST_CASE("decoding+ and block+ hold the target and the budget at every step, layer and head",

@@ -207,6 +207,63 @@ torch::Tensor drive_block(PolicyDriver& driver, const torch::Tensor& logits, int
   return block.to(logits.device());
 }
 
+// Sim mode's pass under a policy (driver over SlotColumns::Versions): each block of
+// query rows attends only what its heads can still see, the slots each holds at the
+// block's start (their keys and values gathered by position) and the block's own keys,
+// not every earlier position: under a budget most of those are evicted, and their logits
+// would be computed only to be masked. Until a head has evicted anything, its slots are
+// positions 0 .. first-1 and the block reads the keys in place, in the blocks
+// causal_attention_blocks takes. q [T, Hq, d], k and v [T, Hkv, d]; returns [T, Hq*d].
+torch::Tensor held_slot_attention(PolicyDriver& driver, const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, const HostTokens& tokens) {
+  const int64_t T = q.size(0), hq = q.size(1), d = q.size(2), n_kv = k.size(1);
+  const auto acc = accumulation_type(q.scalar_type());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto keys = k.to(acc).permute({1, 0, 2}), values = v.to(acc).permute({1, 0, 2});  // [Hkv, T, d]
+  torch::Tensor key_rows, value_rows;  // [T * Hkv, d]: position p's row of head h at p * Hkv + h
+  auto out = torch::empty({T, hq * d}, q.options().dtype(acc));
+  const int64_t prefix_block = query_block_rows(hq, T);
+  std::vector<int64_t> index;
+  for (int64_t first = 0; first < T;) {
+    driver.start_block(first);
+    int64_t held = 0;
+    bool prefix = true;  // every head holds positions 0 .. first-1
+    for (int h = 0; h < n_kv; ++h) {
+      held = std::max<int64_t>(held, driver.slots(h));
+      prefix = prefix && driver.slots(h) == first;
+    }
+    const int64_t rows = std::min(T - first, prefix ? prefix_block : query_block_rows(hq, held + 256));
+    const int64_t n = held + rows;  // columns: a head's slots, then the block's keys (then padding)
+    torch::Tensor block_keys, block_values;  // [Hkv, n, d]
+    if (prefix) {
+      block_keys = keys.narrow(1, 0, n);
+      block_values = values.narrow(1, 0, n);
+    } else {
+      if (!key_rows.defined()) {
+        key_rows = k.to(acc).contiguous().view({T * n_kv, d});
+        value_rows = v.to(acc).contiguous().view({T * n_kv, d});
+      }
+      index.assign(n_kv * n, 0);
+      for (int h = 0; h < n_kv; ++h) {
+        int64_t* at = index.data() + h * n;
+        int64_t c = 0;
+        for (int p : driver.state(h).positions()) at[c++] = p * n_kv + h;
+        for (int64_t r = 0; r < rows; ++r) at[c++] = (first + r) * n_kv + h;
+        while (c < n) at[c++] = (first + rows - 1) * n_kv + h;  // padding no slot names: its attention is 0
+      }
+      const auto rows_index = torch::from_blob(index.data(), {n_kv * n}, torch::kLong).to(k.device());
+      block_keys = key_rows.index_select(0, rows_index).view({n_kv, n, d});
+      block_values = value_rows.index_select(0, rows_index).view({n_kv, n, d});
+    }
+    auto logits = heads_bmm(group_queries(q.narrow(0, first, rows), n_kv).to(acc), block_keys.transpose(1, 2));
+    logits.mul_(scale);
+    const auto probs = drive_block(driver, logits, first, rows, n, tokens.block().from_row(first, n_kv));
+    out.narrow(0, first, rows).copy_(ungroup_output(heads_bmm(probs, block_values), rows, hq));
+    first += rows;
+  }
+  return out.to(q.scalar_type());
+}
+
 // Full-precision elements count as fp16 whatever the compute dtype (harness/common/kv_quant.h).
 int64_t element_bytes(const torch::Tensor&) { return kFullPrecisionBytes; }
 
@@ -693,19 +750,18 @@ torch::Tensor SimAttention::simulate_realisable(int layer, const torch::Tensor& 
   if (device_policy_path_)
     if (auto on_device = DeviceScoredLayer::make(policy_, layer, shape_, sliding_window_))
       return simulate_on_device(*on_device, layer, q, k, v);
-  PolicyDriver driver(*policy_.as_realisable(), layer, shape_, sliding_window_, SlotColumns::Positions);
+  // A policy that rewrites slots runs over positions (simulate_rewriting); the others
+  // attend their held slots (held_slot_attention).
+  const bool rewrites = policy_.as_realisable()->rewrites_slots();
+  PolicyDriver driver(*policy_.as_realisable(), layer, shape_, sliding_window_,
+                      rewrites ? SlotColumns::Positions : SlotColumns::Versions);
   const HostTokens tokens(driver.token_vectors(), k, v, q);
-  const int n_kv = static_cast<int>(k.size(1));
-  if (driver.rewrites()) {
+  if (rewrites) {
     auto out = simulate_rewriting(driver, tokens, q, k, v);
     add_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
     return out;
   }
-  auto out = causal_attention_blocks(q, k.permute({1, 0, 2}), v.permute({1, 0, 2}), 0,
-                                     [&](torch::Tensor logits, int64_t r0, int64_t rows, int64_t n) {
-                                       return drive_block(driver, logits, r0, rows, n,
-                                                          tokens.block().from_row(r0, n_kv));
-                                     });
+  auto out = held_slot_attention(driver, q, k, v, tokens);
   add_peak(stats_, record_driver_stats(stats_, layer, driver, 2 * q.size(2) * element_bytes(k)));
   return out;
 }

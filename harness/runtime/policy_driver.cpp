@@ -270,7 +270,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
                 " vectors of head_dim " + std::to_string(head_dim_) + ", which its caller did not give");
   // A block of cache rows holds still while its logits are read: a compression may end it,
   // never fall inside it (the caller cuts the prefill where the policy's blocks end).
-  if (columns_ != SlotColumns::Positions)
+  if (columns_ == SlotColumns::CacheRows)
     for (int64_t r = 0; r + 1 < rows; ++r)
       if (first + r < prefill_len_ - 1 && ends_prefill_block(first + r))
         throw Error("internal: a block of the prefill runs past position " + std::to_string(first + r) +

@@ -24,17 +24,20 @@ namespace kvevict {
 
 // Where a slot's key sits in a logits row.
 enum class SlotColumns {
-  // Column = position: a pass over the whole sequence (sim mode, analyze).
+  // Column = position: a pass over the whole sequence (analyze; sim mode for a policy that
+  // rewrites slots).
   Positions,
   // Column = the cache row holding the key (decode mode). A head's new key goes to its
   // next free row (row size() before the append), and an eviction moves each kept key
   // that sits at or beyond the kept count into a freed row below it (take_moves).
   CacheRows,
   // Column = the slot's rows, then the block's new keys (DMC's slot versions,
-  // harness/runtime/dmc_attention.h): from start_block(first), a head's slots sit in
-  // columns 0 .. slots-1 in slot order and the key of position p at column
-  // slots + (p - first). After the block, columns() says which columns the head keeps, in
-  // slot order; the caller moves them to rows 0 .. slots-1 before the next block.
+  // harness/runtime/dmc_attention.h; sim mode's held slots, attention.cpp's
+  // held_slot_attention): from start_block(first), a head's slots sit in columns
+  // 0 .. slots-1 in slot order and the key of position p at column slots + (p - first).
+  // A compression inside the block drops columns and moves none. After the block,
+  // columns() says which columns the head keeps, in slot order; DMC moves them to rows
+  // 0 .. slots-1 before the next block, sim mode gathers the next block's afresh.
   Versions,
 };
 
