@@ -1,4 +1,5 @@
 // std::exp on doubles four at a time (harness/runtime/double_exp.h): exp's bits.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,5 +90,26 @@ TEST_CASE("exp_doubles has exp's bits on any CPU", "[runtime][exp]") {
     int wrong = 0;
     for (int k = 0; k < n; ++k) wrong += bits_of(in_place[k]) != bits_of(std::exp(head[k]));
     CHECK(wrong == 0);
+  }
+}
+
+TEST_CASE("exp_differences: exp's bits and the softmax's sum lanes", "[runtime][exp]") {
+  // A softmax row's differences from its maximum: one lane a run exactly 0 (outside exp's
+  // main path, std::exp's own call), the rest below it, and lengths with every tail.
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (int n : {0, 1, 5, 8, 13, 64, 1001}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    const double shift = n > 0 ? *std::max_element(x.begin(), x.end()) : 0.0;
+    double lanes[kExpSumLanes] = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0};  // sums of runs before
+    double want_lanes[kExpSumLanes] = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0};
+    std::vector<double> out(n), want(n);
+    for (int k = 0; k < n; ++k) want_lanes[k % kExpSumLanes] += want[k] = std::exp(static_cast<double>(x[k]) - shift);
+    exp_differences(x.data(), shift, out.data(), n, lanes);
+    int wrong = 0;
+    for (int k = 0; k < n; ++k) wrong += bits_of(out[k]) != bits_of(want[k]);
+    CHECK(wrong == 0);
+    for (int j = 0; j < kExpSumLanes; ++j) CHECK(bits_of(lanes[j]) == bits_of(want_lanes[j]));
   }
 }

@@ -150,7 +150,6 @@ AVX2_FMA void exp_doubles_avx2(const double* x, double* out, int n) {
   }
   for (; k < n; ++k) out[k] = std::exp(x[k]);
 }
-#endif
 
 #define AVX512 __attribute__((target("avx512f,avx2,fma")))
 
@@ -194,6 +193,61 @@ AVX512 void exp_doubles_avx512(const double* x, double* out, int n) {
   exp_doubles_avx2(x + k, out + k, n - k);
 }
 
+// exp_differences' loops: exp(double(x[k]) - shift) into out and into the sum lanes.
+AVX2_FMA void exp_differences_avx2(const float* x, double shift, double* out, int n, double (&lanes)[kExpSumLanes]) {
+  const ExpTable& t = table();
+  const __m256d s = _mm256_set1_pd(shift);
+  __m256d low = _mm256_loadu_pd(lanes), high = _mm256_loadu_pd(lanes + 4);
+  int k = 0;
+  for (; k + 8 <= n; k += 8) {
+    __m256d halves[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256d v = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 4 * h)), s);
+      int outside = 0;
+      halves[h] = exp_main_path(v, t, &outside);
+      if (outside != 0) {
+        alignas(32) double in[4], e[4];
+        _mm256_store_pd(in, v);
+        _mm256_store_pd(e, halves[h]);
+        for (int lane = 0; lane < 4; ++lane)
+          if (outside & (1 << lane)) e[lane] = std::exp(in[lane]);
+        halves[h] = _mm256_load_pd(e);
+      }
+      _mm256_storeu_pd(out + k + 4 * h, halves[h]);
+    }
+    low = _mm256_add_pd(low, halves[0]);
+    high = _mm256_add_pd(high, halves[1]);
+  }
+  _mm256_storeu_pd(lanes, low);
+  _mm256_storeu_pd(lanes + 4, high);
+  for (int lane = 0; k < n; ++k, ++lane) lanes[lane] += out[k] = std::exp(static_cast<double>(x[k]) - shift);
+}
+
+AVX512 void exp_differences_avx512(const float* x, double shift, double* out, int n,
+                                   double (&lanes)[kExpSumLanes]) {
+  const ExpTable& t = table();
+  const __m512d s = _mm512_set1_pd(shift);
+  __m512d sum = _mm512_loadu_pd(lanes);
+  int k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m512d v = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), s);
+    __mmask8 outside = 0;
+    __m512d e = exp_main_path8(v, t, &outside);
+    if (outside != 0) {
+      alignas(64) double in[8], fixed[8];
+      _mm512_store_pd(in, v);
+      _mm512_store_pd(fixed, e);
+      for (int lane = 0; lane < 8; ++lane)
+        if (outside & (1 << lane)) fixed[lane] = std::exp(in[lane]);
+      e = _mm512_load_pd(fixed);
+    }
+    _mm512_storeu_pd(out + k, e);
+    sum = _mm512_add_pd(sum, e);
+  }
+  _mm512_storeu_pd(lanes, sum);
+  for (int lane = 0; k < n; ++k, ++lane) lanes[lane] += out[k] = std::exp(static_cast<double>(x[k]) - shift);
+}
+
 // Eight lanes where the CPU has AVX-512 and ATEN_CPU_CAPABILITY allows it (avx2 or
 // default keep the four-lane loop, as matvec.h's kernels do).
 bool use_avx512() {
@@ -204,6 +258,7 @@ bool use_avx512() {
   }();
   return use;
 }
+#endif
 
 // The vector loop against std::exp on about a million doubles spread over every binade
 // of the main path, the specials and the path's ends: a few milliseconds, once per process.
@@ -259,6 +314,16 @@ void exp_doubles_vector(const double* x, double* out, int n) {
   if (vector_exp_supported()) return use_avx512() ? exp_doubles_avx512(x, out, n) : exp_doubles_avx2(x, out, n);
 #endif
   for (int k = 0; k < n; ++k) out[k] = std::exp(x[k]);
+}
+
+void exp_differences(const float* x, double shift, double* out, int n, double (&lanes)[kExpSumLanes]) {
+#ifdef KVEVICT_DOUBLE_EXP_AVX2
+  if (vector_exp_in_use()) {
+    if (use_avx512()) return exp_differences_avx512(x, shift, out, n, lanes);
+    return exp_differences_avx2(x, shift, out, n, lanes);
+  }
+#endif
+  for (int k = 0; k < n; ++k) lanes[k % kExpSumLanes] += out[k] = std::exp(static_cast<double>(x[k]) - shift);
 }
 
 void exp_doubles(const double* x, double* out, int n) {

@@ -23,6 +23,12 @@ namespace kvevict {
 // out[k] = std::exp(x[k]) for k < n; out may be x.
 void exp_doubles(const double* x, double* out, int n);
 
+// out[k] = std::exp(double(x[k]) - shift) for k < n, and each out[k] added to
+// lanes[k % kExpSumLanes], in k order within a lane: slot_softmax's pass over a row whose
+// slots are all seen and in column order (slot_softmax.h keeps its sum in these lanes).
+constexpr int kExpSumLanes = 8;
+void exp_differences(const float* x, double shift, double* out, int n, double (&lanes)[kExpSumLanes]);
+
 // Whether exp_doubles runs the vector loop here (it checked itself against std::exp).
 bool vector_exp_in_use();
 

@@ -71,13 +71,6 @@ AVX2 double max_avx2(const float* x, int n) {
   return m;
 }
 
-AVX2 void shift_avx2(const float* x, int n, double m, double* out) {
-  const __m256d mv = _mm256_set1_pd(m);
-  int s = 0;
-  for (; s + 4 <= n; s += 4) _mm256_storeu_pd(out + s, _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + s)), mv));
-  for (; s < n; ++s) out[s] = static_cast<double>(x[s]) - m;
-}
-
 AVX2 void lane_add_avx2(const double* x, int n, double (&acc)[kSumLanes]) {
   __m256d low = _mm256_loadu_pd(acc), high = _mm256_loadu_pd(acc + 4);  // lanes 0-3, 4-7
   int s = 0;
@@ -125,13 +118,7 @@ double max_of(const float* x, int n) {
 }
 double max_of(const double* x, int n) { return max_scalar(x, n); }
 
-void shift(const float* x, int n, double m, double* out) {
-#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
-  if (use_avx2()) return shift_avx2(x, n, m, out);
-#endif
-  shift_scalar(x, n, m, out);
-}
-void shift(const double* x, int n, double m, double* out) { shift_scalar(x, n, m, out); }
+
 
 void lane_add(const double* x, int n, double (&acc)[kSumLanes]) {
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
@@ -147,8 +134,8 @@ void scale(const double* e, int n, double inv, float* out, float* row) {
   scale_scalar(e, n, inv, out, row);
 }
 
-// Slots per run of the in-order path's shift, exponential and sum: its doubles stay in
-// the first-level cache between the three (a multiple of kSumLanes).
+// Slots per run of a double row's shift, exponential and sum: its doubles stay in the
+// first-level cache between the three (a multiple of kSumLanes).
 constexpr int kRun = 512;
 
 // The attention at the seen slots' columns; 0 elsewhere.
@@ -178,11 +165,15 @@ int softmax(Scalar* row, int64_t n, const SlotRow& at, double* e, float* out) {
   int count = slots;
   if (all_seen && in_order) {
     const double m = max_of(row, slots);
-    for (int from = 0; from < slots; from += kRun) {
-      const int len = std::min(kRun, slots - from);
-      shift(row + from, len, m, e + from);
-      exp_doubles(e + from, e + from, len);
-      lane_add(e + from, len, acc);
+    if constexpr (std::is_same_v<Scalar, float>) {
+      exp_differences(row, m, e, slots, acc);
+    } else {
+      for (int from = 0; from < slots; from += kRun) {
+        const int len = std::min(kRun, slots - from);
+        shift_scalar(row + from, len, m, e + from);
+        exp_doubles(e + from, e + from, len);
+        lane_add(e + from, len, acc);
+      }
     }
   } else {
     // out holds whether each slot is seen until the shares overwrite it.

@@ -11,10 +11,13 @@
 #pragma once
 #include <cstdint>
 
+#include "harness/runtime/double_exp.h"
+
 namespace kvevict {
 
-// Lanes of the exponentials' sum (see above).
-constexpr int kSumLanes = 8;
+// Lanes of the exponentials' sum (see above); a float row's exponentials are summed as
+// exp_differences computes them.
+constexpr int kSumLanes = kExpSumLanes;
 
 // The slots of one KV head as a query sees them: slot s's key sits at column columns[s]
 // of the logits row, and it is seen when positions[s] >= oldest (a sliding window) and
