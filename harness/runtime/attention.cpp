@@ -232,7 +232,10 @@ torch::Tensor held_slot_attention(PolicyDriver& driver, const torch::Tensor& q, 
       held = std::max<int64_t>(held, driver.slots(h));
       prefix = prefix && driver.slots(h) == first;
     }
-    const int64_t rows = std::min(T - first, prefix ? prefix_block : query_block_rows(hq, held + 256));
+    // A gathered block's own keys are columns too, the later ones hidden from its earlier
+    // rows: at a quarter of the held slots, about a tenth of its logits are such.
+    const int64_t gathered_block = std::min(query_block_rows(hq, held + 256), std::max<int64_t>(64, held / 4));
+    const int64_t rows = std::min(T - first, prefix ? prefix_block : gathered_block);
     const int64_t n = held + rows;  // columns: a head's slots, then the block's keys (then padding)
     torch::Tensor block_keys, block_values;  // [Hkv, n, d]
     if (prefix) {
