@@ -118,8 +118,6 @@ double max_of(const float* x, int n) {
 }
 double max_of(const double* x, int n) { return max_scalar(x, n); }
 
-
-
 void lane_add(const double* x, int n, double (&acc)[kSumLanes]) {
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
   if (use_avx2()) return lane_add_avx2(x, n, acc);
@@ -134,12 +132,8 @@ void scale(const double* e, int n, double inv, float* out, float* row) {
   scale_scalar(e, n, inv, out, row);
 }
 
-// Slots per run of a double row's shift, exponential and sum: its doubles stay in the
-// first-level cache between the three (a multiple of kSumLanes).
-constexpr int kRun = 512;
-
 // The attention at the seen slots' columns; 0 elsewhere.
-void write_row(float* row, int64_t n, const SlotRow& at, bool in_order, const double* e, double inv, const float* out) {
+void write_row(float* row, int64_t n, const SlotRow& at, bool in_order, const double*, double, const float* out) {
   if (in_order) {
     std::fill(row + at.slots, row + n, 0.0f);  // the slots' columns hold out's shares already
     return;
@@ -167,13 +161,10 @@ int softmax(Scalar* row, int64_t n, const SlotRow& at, double* e, float* out) {
     const double m = max_of(row, slots);
     if constexpr (std::is_same_v<Scalar, float>) {
       exp_differences(row, m, e, slots, acc);
-    } else {
-      for (int from = 0; from < slots; from += kRun) {
-        const int len = std::min(kRun, slots - from);
-        shift_scalar(row + from, len, m, e + from);
-        exp_doubles(e + from, e + from, len);
-        lane_add(e + from, len, acc);
-      }
+    } else {  // float64 reference runs
+      shift_scalar(row, slots, m, e);
+      exp_doubles(e, e, slots);
+      lane_add(e, slots, acc);
     }
   } else {
     // out holds whether each slot is seen until the shares overwrite it.
