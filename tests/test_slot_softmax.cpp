@@ -72,6 +72,19 @@ Result run(std::vector<float> row, const SlotRow& at) {
   return r;
 }
 
+// Slots 0 .. slots-1 at positions and columns 0 .. slots-1, all seen (no window, no
+// pattern). `order` holds the positions and columns the row points at.
+SlotRow in_order_slots(int slots, std::vector<int>* order) {
+  order->resize(slots);
+  std::iota(order->begin(), order->end(), 0);
+  SlotRow at;
+  at.positions = order->data();
+  at.columns = order->data();
+  at.slots = slots;
+  at.oldest = std::numeric_limits<int64_t>::min();
+  return at;
+}
+
 }  // namespace
 
 TEST_CASE("the lane sum: the vector loop has the scalar loop's bits", "[runtime][slot-softmax]") {
@@ -103,14 +116,8 @@ TEST_CASE("slot softmax: every slot seen, in column order", "[runtime][slot-soft
   for (int slots : {1, 2, 5, 8, 33, 1000, 4099}) {
     const int n = slots + 7;  // columns past the slots (a causal block's later keys) become 0
     const auto logits = random_logits(n, static_cast<uint32_t>(slots));
-    std::vector<int> positions(slots), columns(slots);
-    std::iota(positions.begin(), positions.end(), 0);
-    std::iota(columns.begin(), columns.end(), 0);
-    SlotRow at;
-    at.positions = positions.data();
-    at.columns = columns.data();
-    at.slots = slots;
-    at.oldest = std::numeric_limits<int64_t>::min();
+    std::vector<int> order;
+    const SlotRow at = in_order_slots(slots, &order);
     const Result got = run(logits, at);
     const Reference want = reference(logits, at);
     CHECK(got.seen == slots);
@@ -191,14 +198,8 @@ TEST_CASE("slot softmax: double rows", "[runtime][slot-softmax]") {
   const int slots = 130, n = 131;
   const auto floats = random_logits(n, 31);
   std::vector<double> row(floats.begin(), floats.end());
-  std::vector<int> positions(slots), columns(slots);
-  std::iota(positions.begin(), positions.end(), 0);
-  std::iota(columns.begin(), columns.end(), 0);
-  SlotRow at;
-  at.positions = positions.data();
-  at.columns = columns.data();
-  at.slots = slots;
-  at.oldest = std::numeric_limits<int64_t>::min();
+  std::vector<int> order;
+  const SlotRow at = in_order_slots(slots, &order);
   std::vector<double> exps(slots);
   std::vector<float> out(slots);
   CHECK(slot_softmax(row.data(), n, at, exps.data(), out.data()) == slots);
