@@ -133,6 +133,8 @@ class ScoredHeadState : public LayerState {
   void append(int position, const NewToken& token) override { head_.append(position, token); }
   void merge(int position, const NewToken& token) override { head_.merge(position, token); }
   void observe(const float* probs) override { head_.observe(probs); }
+  int observation_window() const override { return policy_.observation_window(); }
+  void skip_observation() override { head_.slots.steps++; }
 
   bool compress(std::vector<int>* keep) override {
     const int n = head_.slots.size();

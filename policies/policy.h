@@ -125,6 +125,13 @@ class LayerState {
   virtual bool visible(int query_position, std::vector<char>* visible) const { return false; }
   // probs: [group][size()], the attention of this KV head's query heads over its slots.
   virtual void observe(const float* probs) = 0;
+  // How many of its latest observations a compression reads: the driver may then replace
+  // an observe() that comes more than that many queries before the next compression by
+  // skip_observation(). 0: every observation counts, and skip_observation() never comes.
+  virtual int observation_window() const { return 0; }
+  // A query's observe() that no compression will read: the state counts the query and
+  // records nothing.
+  virtual void skip_observation() {}
   // Evicts down to the budget. False when nothing was evicted; otherwise keep (if not
   // null) gets the kept slot indices, ascending.
   virtual bool compress(std::vector<int>* keep) = 0;
@@ -331,6 +338,9 @@ class ScoredPolicy : public RealisablePolicy {
   virtual void on_observe(HeadSlots& head, const float* attention) const {}
   // Higher keeps. out has one float per slot.
   virtual void score(const HeadSlots& head, float* out) const = 0;
+  // How many of the latest on_observe calls score() reads (LayerState::observation_window);
+  // 0: all of them. The calls before those may not come (head.steps still counts them).
+  virtual int observation_window() const { return 0; }
   // True when one decision is shared by all heads of a layer (scores are averaged).
   virtual bool shared_across_heads() const { return false; }
   // The functions above as data, where one recipe states them (ScoreRecipe).

@@ -25,6 +25,9 @@ class SnapKVPolicy : public ScoredPolicy {
     running_window_sum(head, window_, out);
     pool_keys(out, static_cast<int>(head.positions.size()), kernel_, use_max_);
   }
+  // The ring holds the last `window` observations; channel 0's write restarts the running
+  // sum, so what came before them is never read.
+  int observation_window() const override { return window_; }
 
  private:
   const int window_ = static_cast<int>(options_.params.integer(kWindow));

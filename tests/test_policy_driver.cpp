@@ -81,6 +81,42 @@ class RaggedLocal : public RealisablePolicy {
   int capacity_;
 };
 
+// Another policy's states, passed through, counting the observations they skip; with
+// `every` they report no observation window, so the driver hands them every query.
+class CountingSkips : public RealisablePolicy {
+ public:
+  CountingSkips(const RealisablePolicy& inner, bool every, int* skips)
+      : RealisablePolicy(inner.options()), inner_(inner), every_(every), skips_(skips) {}
+  std::string name() const override { return "counting+" + inner_.name(); }
+  LayerStates make_layer_states(int layer, const SequenceShape& shape) const override {
+    LayerStates states = inner_.make_layer_states(layer, shape);
+    for (auto& head : states.heads) head = std::make_unique<Head>(std::move(head), every_, skips_);
+    return states;
+  }
+
+ private:
+  struct Head : LayerState {
+    Head(std::unique_ptr<LayerState> inner, bool every, int* skips)
+        : inner(std::move(inner)), every(every), skips(skips) {}
+    void append(int position, const NewToken& token) override { inner->append(position, token); }
+    void merge(int position, const NewToken& token) override { inner->merge(position, token); }
+    void observe(const float* probs) override { inner->observe(probs); }
+    int observation_window() const override { return every ? 0 : inner->observation_window(); }
+    void skip_observation() override {
+      ++*skips;
+      inner->skip_observation();
+    }
+    bool compress(std::vector<int>* keep) override { return inner->compress(keep); }
+    const std::vector<int>& positions() const override { return inner->positions(); }
+    std::unique_ptr<LayerState> inner;
+    bool every;
+    int* skips;
+  };
+  const RealisablePolicy& inner_;
+  bool every_;
+  int* skips_;
+};
+
 // One run of a driver over `length` queries, one query at a time: the attention each
 // query head gives each position (0 when not seen), per step. With CacheRows the test
 // keeps its own row -> position map and applies the driver's moves to it, as a cache does.
@@ -349,4 +385,30 @@ TEST_CASE("DMC merges through the driver: the newest slot takes the key, or a ne
   PolicyDriver by_rows(*knorm->as_realisable(), 0, shape_of(10, 1, 1), 0, SlotColumns::CacheRows);
   std::vector<double> logits(1, 0.0);
   CHECK_THROWS(by_rows.rows(0, 1, 1, logits.data(), &norms[0], nullptr, &merges[0]));
+}
+
+TEST_CASE("a policy that reads only its last observations skips the older ones with the same kept slots",
+          "[driver][observation-window]") {
+  // snapkv reads the ring of its last `window` observations: in a prefill of 40 queries the
+  // first 40 - 8 need not be observed at all. Driven with and without the skips, over
+  // positions and over cache rows, the kept slots and every attention are the same at
+  // every query, through the compression at the prefill's end and the steps after it.
+  PolicyOptions o;
+  o.budget.tokens = 12;
+  o.params.set("window", 8);
+  const auto snapkv = make_policy("snapkv", o);
+  for (const SequenceShape& shape : {shape_of(60, 2, 2, 40), shape_of(60, 4, 2, 40)}) {
+    int skipped = 0, never = 0;
+    const CountingSkips skipping(*snapkv->as_realisable(), false, &skipped);
+    const CountingSkips every(*snapkv->as_realisable(), true, &never);
+    for (SlotColumns columns : {SlotColumns::Positions, SlotColumns::CacheRows}) {
+      const DriverRun a = run_driver(skipping, shape, 0, columns);
+      const DriverRun b = run_driver(every, shape, 0, columns);
+      CHECK(a.slots == b.slots);
+      CHECK(a.attention == b.attention);
+      CHECK(a.slots.back() == std::vector<int>(2, 12));
+    }
+    CHECK(skipped == 2 * 2 * (40 - 8));  // two runs of two KV heads, queries 0 .. 31
+    CHECK(never == 0);
+  }
 }

@@ -53,6 +53,7 @@ PolicyDriver::PolicyDriver(const RealisablePolicy& policy, int layer, const Sequ
   heads_.resize(states.heads.size());
   for (size_t h = 0; h < heads_.size(); ++h) {
     heads_[h].state = std::move(states.heads[h]);
+    heads_[h].observation_window = heads_[h].state->observation_window();
     heads_[h].exps.resize(group_);
   }
 }
@@ -94,6 +95,7 @@ std::unique_ptr<PolicyDriver> PolicyDriver::clone() const {
     to.zeroed = from.zeroed;
     to.zeroed_total = from.zeroed_total;
     to.row_zeroed = from.row_zeroed;
+    to.observation_window = from.observation_window;
     to.visible = from.visible;
     to.vis = from.vis ? to.pattern.data() : nullptr;
     to.oldest = from.oldest;
@@ -190,6 +192,21 @@ void PolicyDriver::record_visible(const Head& head, int kv, int64_t r, int64_t r
   const std::vector<int>& positions = head.state->positions();
   for (int s = 0; s < head.state->size(); ++s)
     out[head.columns[s]] = positions[s] >= head.oldest && (!head.vis || head.vis[s]);
+}
+
+void PolicyDriver::observe(Head& head, int64_t position) {
+  const int window = head.observation_window;
+  // The next compression: at the end of the prefill or of the policy's prefill block;
+  // after the prefill, at every query.
+  if (window > 0 && position < prefill_len_ - 1) {
+    int64_t next = prefill_len_ - 1;
+    if (prefill_block_ > 0) next = std::min<int64_t>(next, (position / prefill_block_ + 1) * prefill_block_ - 1);
+    if (position <= next - window) {
+      head.state->skip_observation();
+      return;
+    }
+  }
+  head.state->observe(head.observed.data());
 }
 
 void PolicyDriver::compress(Head& head, int kv, int64_t position) {
@@ -295,7 +312,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
           see(head, position);
           for (int j = 0; j < group_; ++j) head.visible = attend(head, static_cast<int>(kv), j, r, rows, n, logits);
           record_visible(head, static_cast<int>(kv), r, rows, n, visible_out);
-          head.state->observe(head.observed.data());
+          observe(head, position);
           if (attended_) attended_(static_cast<int>(kv), position);
           compress(head, static_cast<int>(kv), position);
         }
@@ -323,7 +340,7 @@ void PolicyDriver::drive(int64_t first, int64_t rows, int64_t n, Scalar* logits,
                        });
       for (int kv = 0; kv < n_kv; ++kv) {
         record_visible(heads_[kv], kv, r, rows, n, visible_out);
-        heads_[kv].state->observe(heads_[kv].observed.data());
+        observe(heads_[kv], position);
         if (attended_) attended_(kv, position);
       }
       for (int kv = 0; kv < n_kv; ++kv) compress(heads_[kv], kv, position);

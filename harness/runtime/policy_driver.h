@@ -4,7 +4,8 @@
 //   2. visibility: the query sees the slots that the policy's pattern (LayerState::visible),
 //      the model's sliding window and causality all allow;
 //   3. attention: the softmax of the query's logits over those slots, zero elsewhere;
-//   4. observe: the policy sees that attention, for each query head of the KV head's group;
+//   4. observe: the policy sees that attention, for each query head of the KV head's group
+//      (not for a query that no compression will read: LayerState::observation_window);
 //   5. compress: after the prefill, the policy evicts back to its budget (also after each
 //      block of the prefill for a policy that asks, RealisablePolicy::prefill_block).
 // Sim mode (one teacher-forced pass), the decode cache and analyze's recall all drive
@@ -168,6 +169,7 @@ class PolicyDriver {
     std::vector<int> zeroed;
     int64_t zeroed_total = 0;
     std::vector<int64_t> row_zeroed;
+    int observation_window = 0;       // LayerState::observation_window
     int visible = 0;                  // slots its latest query saw
     const char* vis = nullptr;        // the latest query's pattern (null: no pattern)
     int64_t oldest = 0;               // the oldest position the latest query sees
@@ -186,6 +188,9 @@ class PolicyDriver {
   int attend(Head& head, int kv, int member, int64_t r, int64_t rows, int64_t n, Scalar* logits);
   void record_visible(const Head& head, int kv, int64_t r, int64_t rows, int64_t n, char* visible_out) const;
   void compress(Head& head, int kv, int64_t position);
+  // The query at `position` hands the head its attention, or only counts when no
+  // compression will read it (LayerState::observation_window).
+  void observe(Head& head, int64_t position);
   // Takes the state's rewrites after its compression at `position`.
   void take_state_rewrites(Head& head, int kv, int64_t position);
   // The query at `position` is the last of a block of the prefill (prefill_block_).
