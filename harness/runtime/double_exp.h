@@ -1,45 +1,42 @@
-// std::exp on doubles, four or eight at a time, with std::exp's own bits. Sim mode's masked
-// softmax of every realisable policy takes one double exponential per kept slot of every
-// row (about 30 million per T=1024 forward of the 12-layer bench model); as calls to
-// libm's exp they were its largest cost after the products (perf).
+// The exponential of the policy softmax (slot_softmax.h), on doubles, eight or four at a
+// time: one double exponential per seen slot of every query row (4.8 billion in an
+// 8192-token prefill of the 12-layer bench model).
 //
-// The vector loop is glibc's exp (x86-64, FMA build) operation for operation: k and r
-// from fused multiply-adds, 2^(k/128) as a double and its relative tail from a 128-entry
-// table, the same quintic in fused multiply-adds, scale + scale * tmp. The table is
-// computed here, exactly (GMP's integer roots), by glibc's definition: the double
-// nearest 2^(k/128), and the double nearest its relative error. Lanes outside exp's main
-// path (|x| < 2^-54, |x| >= 512, inf, NaN) call std::exp. The loop is used only after
-// it has matched std::exp on a wide sample of its range in this process (another libm,
-// or a CPU where glibc picks its non-FMA exp, keeps the calls). Where the CPU has AVX-512
-// (and ATEN_CPU_CAPABILITY is not avx2 or default) the loop takes eight lanes at a time,
-// with the same operations.
-// tests/test_double_exp.cpp compares the two.
+// exp(x) = 2^(k/16) * exp(r), with k = round(16 x / ln 2) and |r| <= ln 2 / 32: 2^(j/16)
+// as a double and its relative tail from a 16-entry table (computed exactly, with GMP's
+// integer roots), exp(r) - 1 from r's Taylor polynomial to degree 7, summed with the tail
+// and scaled in fused multiply-adds. Within one ulp of the true exponential (most values
+// are std::exp's own), with the same bits on every CPU: the eight-lane loop (AVX-512, its
+// table in two registers), the four-lane loop (AVX2 with FMA, the table gathered) and the
+// scalar code (std::fma) run the same operations. Off the path (|x| >= 708, NaN) every
+// lane calls std::exp. Chosen over glibc's exp, whose 128-entry table the loops had to
+// gather: twice the work per exponential (perf).
+// tests/test_double_exp.cpp checks the three against each other and against std::exp.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace kvevict {
 
-// out[k] = std::exp(x[k]) for k < n; out may be x.
+// out[k] = exp(x[k]) for k < n, as above; out may be x.
 void exp_doubles(const double* x, double* out, int n);
 
-// out[k] = std::exp(double(x[k]) - shift) for k < n, and each out[k] added to
+// out[k] = exp(double(x[k]) - shift) for k < n, and each out[k] added to
 // lanes[k % kExpSumLanes], in k order within a lane: slot_softmax's pass over a row whose
 // slots are all seen and in column order (slot_softmax.h keeps its sum in these lanes).
 constexpr int kExpSumLanes = 8;
 void exp_differences(const float* x, double shift, double* out, int n, double (&lanes)[kExpSumLanes]);
 
-// Whether exp_doubles runs the vector loop here (it checked itself against std::exp).
-bool vector_exp_in_use();
-
-// The vector loop alone (eight lanes or four, as exp_doubles runs it), for the tests;
-// only where the CPU has AVX2 and FMA.
+// The scalar code alone, for the tests: the vector loops must give its bits.
+void exp_doubles_scalar(const double* x, double* out, int n);
+// Whether exp_doubles runs a vector loop here (the CPU has AVX2 and FMA).
 bool vector_exp_supported();
-void exp_doubles_vector(const double* x, double* out, int n);
+// Whether the vector loops here (and slot_softmax's) take eight lanes: the CPU has
+// AVX-512 and ATEN_CPU_CAPABILITY is not avx2 or default, as for matvec.h's kernels.
+bool use_avx512();
 
-// Doubles spread over exp's main path, both signs: every stride-th bit pattern of each
-// binade from 2^-54 up to 512, offset within the binade by `offset`. What the self-check
-// and the tests compare against std::exp.
+// Doubles spread over exp's range, both signs: every stride-th bit pattern of each binade
+// from 2^-54 up to 512, offset within the binade by `offset`.
 std::vector<double> exp_main_path_doubles(uint64_t stride, uint64_t offset);
 
 }  // namespace kvevict
