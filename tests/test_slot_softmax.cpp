@@ -1,5 +1,5 @@
 // The driver's softmax over the slots a query sees (harness/runtime/slot_softmax.h),
-// without a model: its bits against a plain per-slot loop, the same bits whether the
+// without a model: its bits against a plain per-slot loop in scalar code, the same bits whether the
 // slots sit in column order (the vector path) or scattered, the sliding window and the
 // pattern masks, float and double rows, and the fixed-lane sum against its scalar loop.
 #include <cmath>
@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "harness/runtime/double_exp.h"
+#include "harness/runtime/float_row_exp.h"
 #include "harness/runtime/slot_softmax.h"
 #include "tests/catch.h"
 
@@ -30,23 +32,37 @@ std::vector<float> random_logits(int n, uint32_t seed) {
   return row;
 }
 
-// What slot_softmax computes, one slot at a time: std::exp, the lane sum in scalar code.
+// What slot_softmax computes, one slot at a time, in scalar code: a float row's
+// exponentials in float from the float difference (exp_floats_scalar), a double row's in
+// double (exp_doubles_scalar), the lane sum in double.
 struct Reference {
   std::vector<float> row, out;
   int seen = 0;
 };
+double exp_of_difference(float x, float m) {
+  const float d = x - m;
+  float e = 0.0f;
+  exp_floats_scalar(&d, &e, 1);
+  return e;
+}
+double exp_of_difference(double x, double m) {
+  const double d = x - m;
+  double e = 0.0;
+  exp_doubles_scalar(&d, &e, 1);
+  return e;
+}
 template <typename Scalar>
 Reference reference(const std::vector<Scalar>& logits, const SlotRow& at) {
   const int slots = at.slots;
   auto is_seen = [&](int s) { return at.positions[s] >= at.oldest && (!at.vis || at.vis[s]); };
-  double m = -std::numeric_limits<double>::infinity();
+  Scalar m = -std::numeric_limits<Scalar>::infinity();
   for (int s = 0; s < slots; ++s)
-    if (is_seen(s)) m = std::max(m, static_cast<double>(logits[at.columns[s]]));
+    if (is_seen(s)) m = std::max(m, logits[at.columns[s]]);
   std::vector<double> e(slots, 0.0);
   Reference ref;
   for (int s = 0; s < slots; ++s)
     if (is_seen(s)) {
-      e[s] = std::exp(static_cast<double>(logits[at.columns[s]]) - m);
+      e[s] = exp_of_difference(logits[at.columns[s]], m);
       ++ref.seen;
     }
   const double inv = 1.0 / lane_sum_scalar(e.data(), slots);

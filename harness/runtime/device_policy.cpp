@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
+#include <vector>
 
 #include "harness/common/errors.h"
+#include "harness/runtime/slot_softmax.h"
 
 namespace kvevict {
 namespace {
@@ -98,18 +101,16 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
     last_seen_ = seen.select(2, rows - 1).sum({1, 2}).max();
   }
 
-  // 3. The masked softmax in float64, as the host's: exp(l - max) over the seen slots,
-  // times the reciprocal of their sum.
-  const auto masked = logits.view({n_kv_, group_, rows, n})
-                          .to(torch::kFloat64)
-                          .masked_fill(seen.logical_not(), -std::numeric_limits<double>::infinity());
-  const auto exps = (masked - std::get<0>(masked.max(-1, /*keepdim=*/true))).exp();  // [Hkv, g, rows, n]
-  const auto probs = exps * exps.sum(-1, /*keepdim=*/true).reciprocal();
+  // 3. The masked softmax, as the host's: exp(l - max) over the seen slots in the logits'
+  // precision, times the reciprocal of their sum in double. On the CPU the host's own
+  // routine, so its bits; elsewhere as tensor ops, where the device's exp rounds.
+  const auto probs = device.is_cpu() && !tensor_softmax_ ? host_softmax(logits, first, rows)
+                                                         : tensor_softmax(logits.view({n_kv_, group_, rows, n}), seen);
 
   // 4. The policy observes each query's attention, reduced over the group head by head
   // and added one query at a time, in float32 (reduce_group, ScoredSlots::observe).
   if (recipe_ == ScoreRecipe::AttentionSum || recipe_ == ScoreRecipe::LatestAttention) {
-    const auto observed = probs.to(torch::kFloat32);  // [Hkv, g, rows, n]
+    const auto observed = probs.to(torch::kFloat32).view({n_kv_, group_, rows, n});
     auto reduced = torch::zeros({n_kv_, rows, n}, observed.options());
     for (int j = 0; j < group_; ++j) {
       const auto member = observed.select(1, j);
@@ -161,7 +162,40 @@ torch::Tensor DeviceScoredLayer::rows(const torch::Tensor& logits, int64_t first
     values_ = values_.gather(1, kept_);
     slots_ = kept_.size(1);
   }
-  return probs.to(logits.scalar_type()).view(logits.sizes());
+  return probs.view(logits.sizes());
+}
+
+torch::Tensor DeviceScoredLayer::host_softmax(const torch::Tensor& logits, int64_t first, int64_t rows) const {
+  // Slot s sits at column s, the held slots before the block's own, so query r sees a
+  // prefix of the slots: every held slot and the block's first r + 1.
+  const int64_t n = slots_;
+  auto out = logits.contiguous().clone().view({n_kv_, group_, rows, n});
+  const auto held = positions_.to(torch::kInt32).contiguous();
+  std::vector<int> columns(static_cast<size_t>(n));
+  std::iota(columns.begin(), columns.end(), 0);
+  std::vector<double> exps(static_cast<size_t>(n));
+  std::vector<float> shares(static_cast<size_t>(n));
+  for (int kv = 0; kv < n_kv_; ++kv)
+    for (int j = 0; j < group_; ++j)
+      for (int64_t r = 0; r < rows; ++r) {
+        SlotRow at;
+        at.positions = held.data_ptr<int>() + kv * n;
+        at.columns = columns.data();
+        at.slots = static_cast<int>(n - rows + r + 1);
+        at.oldest = window_ > 0 ? first + r - window_ + 1 : std::numeric_limits<int64_t>::min();
+        auto row = out[kv][j][r];
+        if (out.scalar_type() == torch::kFloat64)
+          slot_softmax(row.data_ptr<double>(), n, at, exps.data(), shares.data());
+        else
+          slot_softmax(row.data_ptr<float>(), n, at, exps.data(), shares.data());
+      }
+  return out;
+}
+
+torch::Tensor DeviceScoredLayer::tensor_softmax(const torch::Tensor& logits, const torch::Tensor& seen) const {
+  const auto masked = logits.masked_fill(seen.logical_not(), -std::numeric_limits<double>::infinity());
+  const auto exps = (masked - std::get<0>(masked.max(-1, /*keepdim=*/true))).exp().to(torch::kFloat64);
+  return (exps * exps.sum(-1, /*keepdim=*/true).reciprocal()).to(logits.scalar_type());  // [Hkv, g, rows, n]
 }
 
 }  // namespace kvevict

@@ -6,13 +6,14 @@
 // for the device: the slot count, the budget and when to compress are known on the host
 // from positions alone. A decode step can then be captured as a CUDA graph.
 //
-// It runs what the host path runs, in the same order and precision: the softmax in
-// float64 over the slots a query sees, the group's attention reduced head by head in
-// float32, one addition per query; the selection keeps the sinks and the recent window,
+// It runs what the host path runs, in the same order and precision: the softmax over the
+// slots a query sees (its exponentials in the logits' precision, their sum in float64;
+// on the CPU the host's own routine, slot_softmax.h), the group's attention reduced head
+// by head in float32, one addition per query; the selection keeps the sinks and the recent window,
 // then the highest scores, the newer slot among equal ones. On the CPU device the kept
-// sets equal the host path's (tests/test_device_policy.cpp); the host path stays the
-// reference and runs every policy without a recipe, Ada-KV, shared decisions, static
-// patterns, KIVI and DMC.
+// sets and the attention equal the host path's (tests/test_device_policy.cpp); the host
+// path stays the reference and runs every policy without a recipe, Ada-KV, shared
+// decisions, static patterns, KIVI and DMC.
 //
 // Recipes: Position (local, streamingllm), AttentionSum (h2o), NegativeKeyNorm (knorm),
 // LatestAttention (tova, its heads sharing one decision), PositionDraw (random: the
@@ -55,9 +56,15 @@ class DeviceScoredLayer {
   // [Hkv, slots()] long: the positions each head holds, oldest first.
   const torch::Tensor& positions() const { return positions_; }
   std::unique_ptr<DeviceScoredLayer> clone() const;
+  // The softmax as tensor ops on the CPU too (what another device runs), for the tests.
+  void use_tensor_softmax(bool on) { tensor_softmax_ = on; }
 
  private:
   DeviceScoredLayer() = default;
+  // Step 3 of rows(): [Hkv, g, rows, n] in the logits' dtype.
+  torch::Tensor host_softmax(const torch::Tensor& logits, int64_t first, int64_t rows) const;
+  torch::Tensor tensor_softmax(const torch::Tensor& logits, const torch::Tensor& seen) const;
+  bool tensor_softmax_ = false;
   const ScoredPolicy* policy_ = nullptr;
   ScoreRecipe recipe_ = ScoreRecipe::None;
   bool shared_ = false;

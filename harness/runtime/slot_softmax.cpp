@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <type_traits>
 
 #include "harness/runtime/double_exp.h"
+#include "harness/runtime/float_row_exp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -15,6 +15,7 @@ namespace kvevict {
 namespace {
 
 constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+constexpr float kMinusInfF = -std::numeric_limits<float>::infinity();
 
 // The lanes' sums added up: lane j with lane j + 4, then the pairs (0, 2) and (1, 3),
 // then the two: the order an AVX2 register's halves add in.
@@ -37,11 +38,6 @@ double max_scalar(const Scalar* x, int n) {
     for (int j = 0; j < 4; ++j) lanes[j] = max_keep(lanes[j], x[s + j]);
   for (; s < n; ++s) lanes[0] = max_keep(lanes[0], x[s]);
   return max_keep(max_keep(lanes[0], lanes[1]), max_keep(lanes[2], lanes[3]));
-}
-
-template <typename Scalar>
-void shift_scalar(const Scalar* x, int n, double m, double* out) {
-  for (int s = 0; s < n; ++s) out[s] = static_cast<double>(x[s]) - m;
 }
 
 // Adds x[0 .. n-1] to the lanes, x[0] to lane 0: a run that starts at a multiple of
@@ -99,6 +95,45 @@ AVX2 void scale_avx2(const double* e, int n, double inv, float* out, float* row)
     if (row) row[s] = out[s];
   }
 }
+#define AVX512 __attribute__((target("avx512f,avx2")))
+
+AVX512 double max_avx512(const float* x, int n) {
+  __m512 lanes = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int s = 0;
+  for (; s + 16 <= n; s += 16) lanes = _mm512_max_ps(_mm512_loadu_ps(x + s), lanes);
+  float rest[16];
+  _mm512_storeu_ps(rest, lanes);
+  float m = rest[0];
+  for (int j = 1; j < 16; ++j) m = max_keep(m, rest[j]);
+  for (; s < n; ++s) m = max_keep(m, x[s]);
+  return m;
+}
+
+// out[s] = float(double(e[s]) * inv), and row[s] too where row is not null; e may be row.
+AVX2 void scale_floats_avx2(const float* e, int n, double inv, float* out, float* row) {
+  const __m256d iv = _mm256_set1_pd(inv);
+  int s = 0;
+  for (; s + 4 <= n; s += 4) {
+    const __m128 p = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(e + s)), iv));
+    _mm_storeu_ps(out + s, p);
+    if (row) _mm_storeu_ps(row + s, p);
+  }
+  for (; s < n; ++s) {
+    out[s] = static_cast<float>(static_cast<double>(e[s]) * inv);
+    if (row) row[s] = out[s];
+  }
+}
+
+AVX512 void scale_floats_avx512(const float* e, int n, double inv, float* out, float* row) {
+  const __m512d iv = _mm512_set1_pd(inv);
+  int s = 0;
+  for (; s + 8 <= n; s += 8) {
+    const __m256 p = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(e + s)), iv));
+    _mm256_storeu_ps(out + s, p);
+    if (row) _mm256_storeu_ps(row + s, p);
+  }
+  scale_floats_avx2(e + s, n - s, inv, out + s, row ? row + s : nullptr);
+}
 #endif
 
 bool use_avx2() {
@@ -112,6 +147,7 @@ bool use_avx2() {
 
 double max_of(const float* x, int n) {
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  if (use_avx512()) return max_avx512(x, n);
   if (use_avx2()) return max_avx2(x, n);
 #endif
   return max_scalar(x, n);
@@ -125,6 +161,17 @@ void lane_add(const double* x, int n, double (&acc)[kSumLanes]) {
   lane_add_scalar(x, n, acc);
 }
 
+void scale_floats(const float* e, int n, double inv, float* out, float* row) {
+#ifdef KVEVICT_SLOT_SOFTMAX_AVX2
+  if (use_avx512()) return scale_floats_avx512(e, n, inv, out, row);
+  if (use_avx2()) return scale_floats_avx2(e, n, inv, out, row);
+#endif
+  for (int s = 0; s < n; ++s) {
+    out[s] = static_cast<float>(static_cast<double>(e[s]) * inv);
+    if (row) row[s] = out[s];
+  }
+}
+
 void scale(const double* e, int n, double inv, float* out, float* row) {
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
   if (use_avx2()) return scale_avx2(e, n, inv, out, row);
@@ -132,67 +179,82 @@ void scale(const double* e, int n, double inv, float* out, float* row) {
   scale_scalar(e, n, inv, out, row);
 }
 
-// The attention at the seen slots' columns; 0 elsewhere.
-void write_row(float* row, int64_t n, const SlotRow& at, bool in_order, const double*, double, const float* out) {
-  if (in_order) {
-    std::fill(row + at.slots, row + n, 0.0f);  // the slots' columns hold out's shares already
-    return;
-  }
-  std::fill(row, row + n, 0.0f);
-  for (int s = 0; s < at.slots; ++s) row[at.columns[s]] = out[s];
-}
-void write_row(double* row, int64_t n, const SlotRow& at, bool in_order, const double* e, double inv, const float*) {
-  std::fill(row, row + n, 0.0);
-  for (int s = 0; s < at.slots; ++s) row[in_order ? s : at.columns[s]] = e[s] * inv;
+// Whether every slot is seen, and whether slot s sits at column s for every s.
+void row_shape(const SlotRow& at, bool* all_seen, bool* in_order) {
+  *all_seen = !at.vis;
+  if (at.oldest > std::numeric_limits<int64_t>::min())
+    for (int s = 0; s < at.slots && *all_seen; ++s) *all_seen = at.positions[s] >= at.oldest;
+  int out_of_order = 0;  // no early exit: the loop vectorises
+  for (int s = 0; s < at.slots; ++s) out_of_order |= at.columns[s] ^ s;
+  *in_order = out_of_order == 0;
 }
 
-template <typename Scalar>
-int softmax(Scalar* row, int64_t n, const SlotRow& at, double* e, float* out) {
+bool seen(const SlotRow& at, int s) { return at.positions[s] >= at.oldest && (!at.vis || at.vis[s]); }
+
+// A float row: its exponentials in float (float_row_exp.h), their sum in double lanes.
+int softmax(float* row, int64_t n, const SlotRow& at, double* seen_flags, float* out) {
   const int slots = at.slots;
-  bool all_seen = !at.vis;
-  if (at.oldest > std::numeric_limits<int64_t>::min())
-    for (int s = 0; s < slots && all_seen; ++s) all_seen = at.positions[s] >= at.oldest;
-  int out_of_order = 0;  // 0 when slot s sits at column s for every s (no early exit: the loop vectorises)
-  for (int s = 0; s < slots; ++s) out_of_order |= at.columns[s] ^ s;
-  const bool in_order = out_of_order == 0;
+  bool all_seen = false, in_order = false;
+  row_shape(at, &all_seen, &in_order);
   double acc[kSumLanes] = {};
-  int count = slots;
   if (all_seen && in_order) {
-    const double m = max_of(row, slots);
-    if constexpr (std::is_same_v<Scalar, float>) {
-      exp_differences(row, m, e, slots, acc);
-    } else {  // float64 reference runs
-      shift_scalar(row, slots, m, e);
-      exp_doubles(e, e, slots);
-      lane_add(e, slots, acc);
-    }
-  } else {
-    // out holds whether each slot is seen until the shares overwrite it.
-    double lanes[4] = {kMinusInf, kMinusInf, kMinusInf, kMinusInf};
-    for (int s = 0; s < slots; ++s) {
-      const bool seen = at.positions[s] >= at.oldest && (!at.vis || at.vis[s]);
-      const double x = static_cast<double>(row[at.columns[s]]);
-      out[s] = seen;
-      e[s] = x;
-      if (seen) lanes[s & 3] = max_keep(lanes[s & 3], x);
-    }
-    const double m = max_keep(max_keep(lanes[0], lanes[1]), max_keep(lanes[2], lanes[3]));
-    // The unseen get a stand-in on exp's fast path, then 0.
-    for (int s = 0; s < slots; ++s) e[s] = out[s] != 0.0f ? e[s] - m : -1.0;
-    exp_doubles(e, e, slots);
-    count = 0;
-    for (int s = 0; s < slots; ++s) {
-      const bool seen = out[s] != 0.0f;
-      e[s] = seen ? e[s] : 0.0;
-      count += seen;
-    }
-    lane_add(e, slots, acc);
+    // In place: the row's first `slots` columns become the exponentials, then the shares.
+    exp_row_differences(row, static_cast<float>(max_of(row, slots)), row, slots, acc);
+    scale_floats(row, slots, 1.0 / add_lanes(acc), out, row);
+    std::fill(row + slots, row + n, 0.0f);
+    return slots;
   }
+  // out holds the differences from the maximum (a stand-in on the path for the unseen),
+  // then the exponentials, then the shares.
+  float lanes[4] = {kMinusInfF, kMinusInfF, kMinusInfF, kMinusInfF};
+  for (int s = 0; s < slots; ++s) {
+    seen_flags[s] = seen(at, s);
+    out[s] = row[at.columns[s]];
+    if (seen_flags[s] != 0.0) lanes[s & 3] = max_keep(lanes[s & 3], out[s]);
+  }
+  const float m = max_keep(max_keep(lanes[0], lanes[1]), max_keep(lanes[2], lanes[3]));
+  for (int s = 0; s < slots; ++s) out[s] = seen_flags[s] != 0.0 ? out[s] - m : -1.0f;
+  exp_floats(out, out, slots);
+  int count = 0;
+  for (int s = 0; s < slots; ++s) {
+    const bool is_seen = seen_flags[s] != 0.0;
+    out[s] = is_seen ? out[s] : 0.0f;
+    acc[s % kSumLanes] += static_cast<double>(out[s]);
+    count += is_seen;
+  }
+  scale_floats(out, slots, 1.0 / add_lanes(acc), out, nullptr);
+  std::fill(row, row + n, 0.0f);
+  for (int s = 0; s < slots; ++s) row[at.columns[s]] = out[s];
+  return count;
+}
+
+// A double row (float64 reference runs): its exponentials in double (double_exp.h).
+int softmax(double* row, int64_t n, const SlotRow& at, double* e, float* out) {
+  const int slots = at.slots;
+  bool all_seen = false, in_order = false;
+  row_shape(at, &all_seen, &in_order);
+  double lanes[4] = {kMinusInf, kMinusInf, kMinusInf, kMinusInf};
+  for (int s = 0; s < slots; ++s) {
+    const double x = row[in_order ? s : at.columns[s]];
+    out[s] = all_seen || seen(at, s);  // whether each slot is seen, until the shares
+    e[s] = x;
+    if (out[s] != 0.0f) lanes[s & 3] = max_keep(lanes[s & 3], x);
+  }
+  const double m = max_keep(max_keep(lanes[0], lanes[1]), max_keep(lanes[2], lanes[3]));
+  for (int s = 0; s < slots; ++s) e[s] = out[s] != 0.0f ? e[s] - m : -1.0;
+  exp_doubles(e, e, slots);
+  int count = 0;
+  for (int s = 0; s < slots; ++s) {
+    const bool is_seen = out[s] != 0.0f;
+    e[s] = is_seen ? e[s] : 0.0;
+    count += is_seen;
+  }
+  double acc[kSumLanes] = {};
+  lane_add(e, slots, acc);
   const double inv = 1.0 / add_lanes(acc);
-  float* float_row = nullptr;
-  if constexpr (std::is_same_v<Scalar, float>) float_row = in_order ? row : nullptr;
-  scale(e, slots, inv, out, float_row);
-  write_row(row, n, at, in_order, e, inv, out);
+  scale(e, slots, inv, out, nullptr);
+  std::fill(row, row + n, 0.0);
+  for (int s = 0; s < slots; ++s) row[in_order ? s : at.columns[s]] = e[s] * inv;
   return count;
 }
 

@@ -5,19 +5,22 @@
 // prefill's attention time (perf).
 //
 // The bits do not depend on the CPU: the maximum is exact in any order, each exponential
-// is std::exp's (double_exp.h), and the sum of the exponentials runs in kSumLanes fixed
-// lanes (slot s in lane s mod kSumLanes, each lane in slot order), added up in one fixed
-// tree, in the vector loop and in the scalar one alike.
+// has the same bits on every CPU (a float row's in float, float_row_exp.h; a double row's
+// in double, double_exp.h), and the sum of the exponentials runs in double, in kSumLanes
+// fixed lanes (slot s in lane s mod kSumLanes, each lane in slot order), added up in one
+// fixed tree, in the vector loop and in the scalar one alike.
 #pragma once
 #include <cstdint>
 
 #include "harness/runtime/double_exp.h"
+#include "harness/runtime/float_row_exp.h"
 
 namespace kvevict {
 
 // Lanes of the exponentials' sum (see above); a float row's exponentials are summed as
 // exp_differences computes them.
 constexpr int kSumLanes = kExpSumLanes;
+static_assert(kSumLanes == kRowSumLanes, "a float row's lanes are a double row's");
 
 // The slots of one KV head as a query sees them: slot s's key sits at column columns[s]
 // of the logits row, and it is seen when positions[s] >= oldest (a sliding window) and
@@ -32,7 +35,8 @@ struct SlotRow {
 
 // The softmax of the logits row `row` (n columns) over the slots `at` sees: the row
 // becomes the attention in place (0 at every column but the seen slots'), and out[s] gets
-// slot s's share as a float (0 when unseen). exps: scratch of `at.slots` doubles.
+// slot s's share as a float (0 when unseen), float(e_s * (1 / sum of e)) with e_s and the
+// sum in double. exps: scratch of `at.slots` doubles.
 // Returns the slots seen.
 int slot_softmax(float* row, int64_t n, const SlotRow& at, double* exps, float* out);
 int slot_softmax(double* row, int64_t n, const SlotRow& at, double* exps, float* out);
