@@ -232,57 +232,6 @@ AVX512 void exp_doubles_avx512(const double* x, double* out, int n) {
   }
 }
 
-// exp_differences' loops: exp(double(x[k]) - shift) into out and into the sum lanes.
-AVX2_FMA void exp_differences_avx2(const float* x, double shift, double* out, int n, double (&lanes)[kExpSumLanes]) {
-  const ExpTable& t = table();
-  const __m256d s = _mm256_set1_pd(shift);
-  __m256d low = _mm256_loadu_pd(lanes), high = _mm256_loadu_pd(lanes + 4);
-  int k = 0;
-  for (; k + 8 <= n; k += 8) {
-    __m256d halves[2];
-    for (int h = 0; h < 2; ++h) {
-      const __m256d v = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + k + 4 * h)), s);
-      int outside = 0;
-      const __m256d e = exp_path4(v, t, &outside);
-      halves[h] = fix_outside4(v, e, outside);
-      _mm256_storeu_pd(out + k + 4 * h, halves[h]);
-    }
-    low = _mm256_add_pd(low, halves[0]);
-    high = _mm256_add_pd(high, halves[1]);
-  }
-  _mm256_storeu_pd(lanes, low);
-  _mm256_storeu_pd(lanes + 4, high);
-  for (int lane = 0; k < n; ++k, ++lane) lanes[lane] += out[k] = exp_scalar(static_cast<double>(x[k]) - shift);
-}
-
-AVX512 void exp_differences_avx512(const float* x, double shift, double* out, int n,
-                                   double (&lanes)[kExpSumLanes]) {
-  const Table8 t = table8(table());
-  const __m512d s = _mm512_set1_pd(shift);
-  __m512d sum = _mm512_loadu_pd(lanes);
-  int k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m512d v = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + k)), s);
-    __mmask8 outside = 0;
-    const __m512d path = exp_path8(v, t, &outside);
-    const __m512d e = fix_outside8(v, path, outside);
-    _mm512_storeu_pd(out + k, e);
-    sum = _mm512_add_pd(sum, e);
-  }
-  if (k < n) {  // the last 1-7 slots through the same path, their lanes masked
-    const __mmask8 rest = static_cast<__mmask8>((1u << (n - k)) - 1);
-    alignas(32) float tail[8] = {};
-    std::memcpy(tail, x + k, sizeof(float) * static_cast<size_t>(n - k));
-    const __m512d v = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_load_ps(tail)), s);
-    __mmask8 outside = 0;
-    const __m512d path = exp_path8(v, t, &outside);
-    const __m512d e = fix_outside8(v, path, outside & rest);
-    _mm512_mask_storeu_pd(out + k, rest, e);
-    sum = _mm512_mask_add_pd(sum, rest, sum, e);
-  }
-  _mm512_storeu_pd(lanes, sum);
-}
-
 #endif
 
 }  // namespace
@@ -332,16 +281,6 @@ void exp_doubles(const double* x, double* out, int n) {
   if (vector_exp_supported()) return use_avx512() ? exp_doubles_avx512(x, out, n) : exp_doubles_avx2(x, out, n);
 #endif
   exp_doubles_scalar(x, out, n);
-}
-
-void exp_differences(const float* x, double shift, double* out, int n, double (&lanes)[kExpSumLanes]) {
-#ifdef KVEVICT_DOUBLE_EXP_AVX2
-  if (vector_exp_supported()) {
-    if (use_avx512()) return exp_differences_avx512(x, shift, out, n, lanes);
-    return exp_differences_avx2(x, shift, out, n, lanes);
-  }
-#endif
-  for (int k = 0; k < n; ++k) lanes[k % kExpSumLanes] += out[k] = exp_scalar(static_cast<double>(x[k]) - shift);
 }
 
 }  // namespace kvevict

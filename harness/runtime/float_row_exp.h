@@ -5,12 +5,12 @@
 // products, twice the full cache's float softmax (perf); a float row's shares are floats.
 //
 // exp(d) = 2^k * p(r), k = round(d / ln 2), r = d - k ln 2 in two parts (|r| <= ln 2 / 2),
-// p = 1 + (e^r - 1 by its Taylor polynomial to degree 7), 2^k added to p's exponent:
-// within 1.5 ulp of exp (1.2 measured), no table. The same operations, in fused multiply-adds, in the
-// 16-lane loop (AVX-512), the 8-lane one (AVX2 with FMA) and the scalar code (std::fma),
-// so the bits do not depend on the CPU. d < -87 gives 0 (exp(-87) is 2^-125.5: a share
-// that small rounds to nothing beside the maximum's 1); NaN stays NaN. For d <= 0 only,
-// as a softmax's differences are: a positive d would be computed unchecked.
+// p = 1 + (e^r - 1 by its Taylor polynomial to degree 7), 2^k added to p's exponent: no
+// table, within 1.5 ulp of exp (1.2 measured). The same operations, in fused
+// multiply-adds, in the 16-lane loop (AVX-512), the 8-lane one (AVX2 with FMA) and the
+// scalar code (std::fma), so the bits do not depend on the CPU. d < -87 gives 0 (exp(-87)
+// is 2^-125.5: a share that small rounds to nothing beside the maximum's 1); NaN stays
+// NaN. For d <= 0 only, as a softmax's differences are: a positive d is not checked.
 // tests/test_float_row_exp.cpp checks the loops against the scalar code and std::exp.
 #pragma once
 

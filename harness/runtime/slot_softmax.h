@@ -17,10 +17,8 @@
 
 namespace kvevict {
 
-// Lanes of the exponentials' sum (see above); a float row's exponentials are summed as
-// exp_differences computes them.
-constexpr int kSumLanes = kExpSumLanes;
-static_assert(kSumLanes == kRowSumLanes, "a float row's lanes are a double row's");
+// Lanes of the exponentials' sum (see above), as exp_row_differences adds a float row's.
+constexpr int kSumLanes = kRowSumLanes;
 
 // The slots of one KV head as a query sees them: slot s's key sits at column columns[s]
 // of the logits row, and it is seen when positions[s] >= oldest (a sliding window) and
