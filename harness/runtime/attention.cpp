@@ -219,7 +219,8 @@ torch::Tensor held_slot_attention(PolicyDriver& driver, const torch::Tensor& q, 
   const int64_t T = q.size(0), hq = q.size(1), d = q.size(2), n_kv = k.size(1);
   const auto acc = accumulation_type(q.scalar_type());
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const auto keys = k.to(acc).permute({1, 0, 2}), values = v.to(acc).permute({1, 0, 2});  // [Hkv, T, d]
+  const auto k_acc = k.to(acc), v_acc = v.to(acc);  // [T, Hkv, d]
+  const auto keys = k_acc.permute({1, 0, 2}), values = v_acc.permute({1, 0, 2});  // [Hkv, T, d]
   torch::Tensor key_rows, value_rows;  // [T * Hkv, d]: position p's row of head h at p * Hkv + h
   auto out = torch::empty({T, hq * d}, q.options().dtype(acc));
   const int64_t prefix_block = query_block_rows(hq, T);
@@ -243,8 +244,8 @@ torch::Tensor held_slot_attention(PolicyDriver& driver, const torch::Tensor& q, 
       block_values = values.narrow(1, 0, n);
     } else {
       if (!key_rows.defined()) {
-        key_rows = k.to(acc).contiguous().view({T * n_kv, d});
-        value_rows = v.to(acc).contiguous().view({T * n_kv, d});
+        key_rows = k_acc.contiguous().view({T * n_kv, d});
+        value_rows = v_acc.contiguous().view({T * n_kv, d});
       }
       index.assign(n_kv * n, 0);
       for (int h = 0; h < n_kv; ++h) {
