@@ -197,11 +197,22 @@ int softmax(float* row, int64_t n, const SlotRow& at, double* seen_flags, float*
   bool all_seen = false, in_order = false;
   row_shape(at, &all_seen, &in_order);
   double acc[kSumLanes] = {};
-  if (all_seen && in_order) {
-    // In place: the row's first `slots` columns become the exponentials, then the shares.
-    exp_row_differences(row, static_cast<float>(max_of(row, slots)), row, slots, acc);
-    scale_floats(row, slots, 1.0 / add_lanes(acc), out, row);
-    std::fill(row + slots, row + n, 0.0f);
+  if (all_seen) {
+    // In order, in place: the row's first `slots` columns become the exponentials, then
+    // the shares. Out of order, the same in out, gathered first and scattered after.
+    float* x = row;
+    if (!in_order) {
+      x = out;
+      for (int s = 0; s < slots; ++s) x[s] = row[at.columns[s]];
+    }
+    exp_row_differences(x, static_cast<float>(max_of(x, slots)), x, slots, acc);
+    scale_floats(x, slots, 1.0 / add_lanes(acc), out, in_order ? row : nullptr);
+    if (in_order) {
+      std::fill(row + slots, row + n, 0.0f);
+    } else {
+      std::fill(row, row + n, 0.0f);
+      for (int s = 0; s < slots; ++s) row[at.columns[s]] = out[s];
+    }
     return slots;
   }
   // out holds the differences from the maximum (a stand-in on the path for the unseen),
