@@ -97,16 +97,12 @@ AVX2 void scale_avx2(const double* e, int n, double inv, float* out, float* row)
 }
 #define AVX512 __attribute__((target("avx512f,avx2")))
 
+// The maximum is exact, so its order does not matter: the lanes, then the last 0-15 slots.
 AVX512 double max_avx512(const float* x, int n) {
   __m512 lanes = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int s = 0;
   for (; s + 16 <= n; s += 16) lanes = _mm512_max_ps(_mm512_loadu_ps(x + s), lanes);
-  float rest[16];
-  _mm512_storeu_ps(rest, lanes);
-  float m = rest[0];
-  for (int j = 1; j < 16; ++j) m = max_keep(m, rest[j]);
-  for (; s < n; ++s) m = max_keep(m, x[s]);
-  return m;
+  return max_keep(static_cast<double>(_mm512_reduce_max_ps(lanes)), max_avx2(x + s, n - s));
 }
 
 // out[s] = float(double(e[s]) * inv), and row[s] too where row is not null; e may be row.
