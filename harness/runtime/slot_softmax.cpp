@@ -46,10 +46,9 @@ void lane_add_scalar(const double* x, int n, double (&acc)[kSumLanes]) {
   for (int s = 0; s < n; ++s) acc[s % kSumLanes] += x[s];
 }
 
-// out[s] = e[s] * inv as a float; also to `row` when not null.
-void scale_scalar(const double* e, int n, double inv, float* out, float* row) {
+// out[s] = e[s] * inv as a float.
+void scale_scalar(const double* e, int n, double inv, float* out) {
   for (int s = 0; s < n; ++s) out[s] = static_cast<float>(e[s] * inv);
-  if (row) std::copy(out, out + n, row);
 }
 
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
@@ -79,21 +78,11 @@ AVX2 void lane_add_avx2(const double* x, int n, double (&acc)[kSumLanes]) {
   for (int j = 0; s < n; ++s, ++j) acc[j] += x[s];
 }
 
-AVX2 void scale_avx2(const double* e, int n, double inv, float* out, float* row) {
+AVX2 void scale_avx2(const double* e, int n, double inv, float* out) {
   const __m256d iv = _mm256_set1_pd(inv);
   int s = 0;
-  if (row)
-    for (; s + 4 <= n; s += 4) {
-      const __m128 p = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(e + s), iv));
-      _mm_storeu_ps(out + s, p);
-      _mm_storeu_ps(row + s, p);
-    }
-  else
-    for (; s + 4 <= n; s += 4) _mm_storeu_ps(out + s, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(e + s), iv)));
-  for (; s < n; ++s) {
-    out[s] = static_cast<float>(e[s] * inv);
-    if (row) row[s] = out[s];
-  }
+  for (; s + 4 <= n; s += 4) _mm_storeu_ps(out + s, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_loadu_pd(e + s), iv)));
+  scale_scalar(e + s, n - s, inv, out + s);
 }
 #define AVX512 __attribute__((target("avx512f,avx2")))
 
@@ -148,7 +137,6 @@ double max_of(const float* x, int n) {
 #endif
   return max_scalar(x, n);
 }
-double max_of(const double* x, int n) { return max_scalar(x, n); }
 
 void lane_add(const double* x, int n, double (&acc)[kSumLanes]) {
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
@@ -168,11 +156,11 @@ void scale_floats(const float* e, int n, double inv, float* out, float* row) {
   }
 }
 
-void scale(const double* e, int n, double inv, float* out, float* row) {
+void scale(const double* e, int n, double inv, float* out) {
 #ifdef KVEVICT_SLOT_SOFTMAX_AVX2
-  if (use_avx2()) return scale_avx2(e, n, inv, out, row);
+  if (use_avx2()) return scale_avx2(e, n, inv, out);
 #endif
-  scale_scalar(e, n, inv, out, row);
+  scale_scalar(e, n, inv, out);
 }
 
 // Whether every slot is seen, and whether slot s sits at column s for every s.
@@ -259,7 +247,7 @@ int softmax(double* row, int64_t n, const SlotRow& at, double* e, float* out) {
   double acc[kSumLanes] = {};
   lane_add(e, slots, acc);
   const double inv = 1.0 / add_lanes(acc);
-  scale(e, slots, inv, out, nullptr);
+  scale(e, slots, inv, out);
   std::fill(row, row + n, 0.0);
   for (int s = 0; s < slots; ++s) row[in_order ? s : at.columns[s]] = e[s] * inv;
   return count;
