@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "harness/common/bit_cast.h"
 #include "harness/runtime/double_exp.h"
 #include "tests/test_support.h"
 #include "tests/catch.h"
@@ -16,25 +17,19 @@ using namespace kvevict;
 
 namespace {
 
-uint64_t bits_of(double v) {
-  uint64_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-
 // How many outputs of exp_doubles differ in any bit from the scalar code's.
 int differing_from_scalar(const std::vector<double>& x) {
   std::vector<double> out(x.size()), want(x.size());
   exp_doubles(x.data(), out.data(), static_cast<int>(x.size()));
   exp_doubles_scalar(x.data(), want.data(), static_cast<int>(x.size()));
   int wrong = 0;
-  for (size_t k = 0; k < x.size(); ++k) wrong += bits_of(out[k]) != bits_of(want[k]);
+  for (size_t k = 0; k < x.size(); ++k) wrong += bit_cast<uint64_t>(out[k]) != bit_cast<uint64_t>(want[k]);
   return wrong;
 }
 
 // The distance in units in the last place between two finite positive doubles.
 uint64_t ulps_apart(double a, double b) {
-  const uint64_t x = bits_of(a), y = bits_of(b);
+  const uint64_t x = bit_cast<uint64_t>(a), y = bit_cast<uint64_t>(b);
   return x > y ? x - y : y - x;
 }
 
@@ -64,7 +59,7 @@ TEST_CASE("exp_doubles: the vector loops have the scalar code's bits", "[runtime
     exp_doubles(in_place.data(), in_place.data(), n);
     exp_doubles_scalar(head.data(), want.data(), n);
     int wrong = 0;
-    for (int k = 0; k < n; ++k) wrong += bits_of(in_place[k]) != bits_of(want[k]);
+    for (int k = 0; k < n; ++k) wrong += bit_cast<uint64_t>(in_place[k]) != bit_cast<uint64_t>(want[k]);
     CHECK(wrong == 0);
   }
 }
@@ -94,7 +89,7 @@ TEST_CASE("exp_doubles: within one ulp of std::exp, and std::exp off its path", 
     INFO("x " << v);
     double e = 0.0;
     exp_doubles(&v, &e, 1);
-    CHECK(bits_of(e) == bits_of(std::exp(v)));
+    CHECK(bit_cast<uint64_t>(e) == bit_cast<uint64_t>(std::exp(v)));
   }
   const double nan = std::numeric_limits<double>::quiet_NaN();
   double e = 0.0;

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "harness/common/bit_cast.h"
 #include "harness/runtime/float_row_exp.h"
 #include "tests/catch.h"
 
@@ -16,22 +17,12 @@ using namespace kvevict;
 
 namespace {
 
-uint32_t float_bits(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-
 // Every float from 0 down to -100 whose bit pattern is a multiple of `stride` (offset
 // by `offset`): every binade, and the range's cut at -87.
 std::vector<float> row_exp_differences(uint32_t stride, uint32_t offset) {
   std::vector<float> d;
-  const uint32_t lowest = float_bits(-100.0f);
-  for (uint32_t b = 0x80000000u + offset % stride; b <= lowest; b += stride) {
-    float v;
-    std::memcpy(&v, &b, sizeof v);
-    d.push_back(v);
-  }
+  const uint32_t lowest = bit_cast<uint32_t>(-100.0f);
+  for (uint32_t b = 0x80000000u + offset % stride; b <= lowest; b += stride) d.push_back(bit_cast<float>(b));
   return d;
 }
 

@@ -5,8 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "harness/common/bit_cast.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -17,17 +18,6 @@ namespace kvevict {
 namespace {
 
 constexpr int kTableBits = 4, kTableSize = 1 << kTableBits;  // 2^(j/16)
-
-uint64_t bits_of(double v) {
-  uint64_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-double double_of(uint64_t b) {
-  double v;
-  std::memcpy(&v, &b, sizeof v);
-  return v;
-}
 
 // The double nearest the positive integer q times 2^scale (q has far more than 53 bits).
 double nearest_double(const mpz_t q, long scale) {
@@ -70,8 +60,8 @@ struct ExpTable {
         t = nearest_double(q, -(kBits - 52) - 128);
         t = sign < 0 ? -t : t;
       }
-      tail[j] = bits_of(t);
-      scale[j] = bits_of(H) - (static_cast<uint64_t>(j) << (52 - kTableBits));
+      tail[j] = bit_cast<uint64_t>(t);
+      scale[j] = bit_cast<uint64_t>(H) - (static_cast<uint64_t>(j) << (52 - kTableBits));
     }
     mpz_clears(power, x, h, d, q, nullptr);
   }
@@ -96,13 +86,13 @@ constexpr double kPathEnd = 708.0;
 double exp_on_path(double x) {
   const ExpTable& t = table();
   double kd = std::fma(x, kInvLn2N, kShift);
-  const uint64_t ki = bits_of(kd);
+  const uint64_t ki = bit_cast<uint64_t>(kd);
   kd = kd - kShift;
   double r = std::fma(kd, kNegLn2HiN, x);
   r = std::fma(kd, kNegLn2LoN, r);
   const uint64_t j = ki & (kTableSize - 1);
-  const double tail = double_of(t.tail[j]);
-  const double scale = double_of(t.scale[j] + (ki << (52 - kTableBits)));
+  const double tail = bit_cast<double>(t.tail[j]);
+  const double scale = bit_cast<double>(t.scale[j] + (ki << (52 - kTableBits)));
   const double r2 = r * r;
   const double c23 = std::fma(r, kC3, kC2);
   const double c45 = std::fma(r, kC5, kC4);
@@ -214,21 +204,15 @@ AVX512 inline __m512d fix_outside8(__m512d x, __m512d e, __mmask8 outside) {
   return _mm512_load_pd(out);
 }
 
+// Eight lanes a step, the last step's lanes past n masked off.
 AVX512 void exp_doubles_avx512(const double* x, double* out, int n) {
   const Table8 t = table8(table());
-  int k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m512d v = _mm512_loadu_pd(x + k);
+  for (int k = 0; k < n; k += 8) {
+    const __mmask8 lanes = n - k >= 8 ? 0xff : static_cast<__mmask8>((1u << (n - k)) - 1);
+    const __m512d v = _mm512_maskz_loadu_pd(lanes, x + k);
     __mmask8 outside = 0;
     const __m512d e = exp_path8(v, t, &outside);
-    _mm512_storeu_pd(out + k, fix_outside8(v, e, outside));
-  }
-  if (k < n) {
-    const __mmask8 rest = static_cast<__mmask8>((1u << (n - k)) - 1);
-    const __m512d v = _mm512_maskz_loadu_pd(rest, x + k);
-    __mmask8 outside = 0;
-    const __m512d e = exp_path8(v, t, &outside);
-    _mm512_mask_storeu_pd(out + k, rest, fix_outside8(v, e, outside & rest));
+    _mm512_mask_storeu_pd(out + k, lanes, fix_outside8(v, e, outside & lanes));
   }
 }
 
@@ -243,9 +227,7 @@ std::vector<double> exp_main_path_doubles(uint64_t stride, uint64_t offset) {
     for (uint64_t exponent = 0x3c9; exponent < 0x408; ++exponent)  // binades 2^-54 .. 2^8
       for (uint64_t mantissa = offset % stride; mantissa <= kMantissa; mantissa += stride) {
         const uint64_t pattern = sign | exponent << 52 | mantissa;
-        double v;
-        std::memcpy(&v, &pattern, sizeof v);
-        doubles.push_back(v);
+        doubles.push_back(bit_cast<double>(pattern));
       }
   return doubles;
 }

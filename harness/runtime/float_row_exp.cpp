@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
+#include "harness/common/bit_cast.h"
 #include "harness/runtime/double_exp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -23,23 +23,12 @@ constexpr float kC2 = 1.0f / 2, kC3 = 1.0f / 6, kC4 = 1.0f / 24, kC5 = 1.0f / 12
 constexpr float kShift = 0x1.8p+23f;
 constexpr float kLowest = -87.0f;
 
-uint32_t bits_of(float v) {
-  uint32_t b;
-  std::memcpy(&b, &v, sizeof b);
-  return b;
-}
-float float_of(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, sizeof v);
-  return v;
-}
-
 // One difference, in the operations of the vector loops (this file compiles with
 // -ffp-contract=off, so each rounds as there).
 float exp_scalar(float d) {
   const float c = kLowest > d ? kLowest : d;  // maxps(kLowest, d): NaN stays
   float kf = std::fma(c, kInvLn2, kShift);
-  const uint32_t ki = bits_of(kf);
+  const uint32_t ki = bit_cast<uint32_t>(kf);
   kf = kf - kShift;
   float r = std::fma(kf, kNegLn2Hi, c);
   r = std::fma(kf, kNegLn2Lo, r);
@@ -51,7 +40,7 @@ float exp_scalar(float d) {
   const float t = std::fma(r2, c67, c45);
   const float u = std::fma(r2, b, r);
   const float p = 1.0f + std::fma(r4, t, u);
-  return d < kLowest ? 0.0f : float_of(bits_of(p) + (ki << 23));
+  return d < kLowest ? 0.0f : bit_cast<float>(bit_cast<uint32_t>(p) + (ki << 23));
 }
 
 #ifdef KVEVICT_FLOAT_ROW_EXP_AVX2
