@@ -1,4 +1,4 @@
-// The float exponentials of the policy softmax (harness/runtime/float_row_exp.h): the
+// The float exponentials of the policy softmax (harness/common/float_row_exp.h): the
 // vector loops against the scalar code, all of them against the true exponential, and
 // the row pass's sum lanes.
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "harness/common/bit_cast.h"
-#include "harness/runtime/float_row_exp.h"
+#include "harness/common/float_row_exp.h"
 #include "tests/catch.h"
 
 using namespace kvevict;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "harness/runtime/double_exp.h"
-#include "harness/runtime/float_row_exp.h"
+#include "harness/common/float_row_exp.h"
 #include "harness/runtime/slot_softmax.h"
 #include "tests/catch.h"
 

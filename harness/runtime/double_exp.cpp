@@ -232,35 +232,13 @@ std::vector<double> exp_main_path_doubles(uint64_t stride, uint64_t offset) {
   return doubles;
 }
 
-bool use_avx512() {
-#ifdef KVEVICT_DOUBLE_EXP_AVX2
-  static const bool use = [] {
-    const char* capability = std::getenv("ATEN_CPU_CAPABILITY");
-    const std::string named = capability ? capability : "";
-    return vector_exp_supported() && __builtin_cpu_supports("avx512f") && named != "avx2" && named != "default";
-  }();
-  return use;
-#else
-  return false;
-#endif
-}
-
-bool vector_exp_supported() {
-#ifdef KVEVICT_DOUBLE_EXP_AVX2
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
-#else
-  return false;
-#endif
-}
-
 void exp_doubles_scalar(const double* x, double* out, int n) {
   for (int k = 0; k < n; ++k) out[k] = exp_scalar(x[k]);
 }
 
 void exp_doubles(const double* x, double* out, int n) {
 #ifdef KVEVICT_DOUBLE_EXP_AVX2
-  if (vector_exp_supported()) return use_avx512() ? exp_doubles_avx512(x, out, n) : exp_doubles_avx2(x, out, n);
+  if (cpu_has_avx2_fma()) return use_avx512() ? exp_doubles_avx512(x, out, n) : exp_doubles_avx2(x, out, n);
 #endif
   exp_doubles_scalar(x, out, n);
 }

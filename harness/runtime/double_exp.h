@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "harness/common/cpu_isa.h"
+
 namespace kvevict {
 
 // out[k] = exp(x[k]) for k < n, as above; out may be x.
@@ -22,11 +24,6 @@ void exp_doubles(const double* x, double* out, int n);
 
 // The scalar code alone, for the tests: the vector loops must give its bits.
 void exp_doubles_scalar(const double* x, double* out, int n);
-// Whether exp_doubles runs a vector loop here (the CPU has AVX2 and FMA).
-bool vector_exp_supported();
-// Whether the vector loops here (and slot_softmax's) take eight lanes: the CPU has
-// AVX-512 and ATEN_CPU_CAPABILITY is not avx2 or default, as for matvec.h's kernels.
-bool use_avx512();
 
 // Doubles spread over exp's range, both signs: every stride-th bit pattern of each binade
 // from 2^-54 up to 512, offset within the binade by `offset`.

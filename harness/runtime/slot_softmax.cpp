@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "harness/runtime/double_exp.h"
-#include "harness/runtime/float_row_exp.h"
+#include "harness/common/float_row_exp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "harness/runtime/double_exp.h"
-#include "harness/runtime/float_row_exp.h"
+#include "harness/common/float_row_exp.h"
 
 namespace kvevict {
 

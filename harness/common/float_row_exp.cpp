@@ -1,10 +1,10 @@
-#include "harness/runtime/float_row_exp.h"
+#include "harness/common/float_row_exp.h"
 
 #include <cmath>
 #include <cstdint>
 
 #include "harness/common/bit_cast.h"
-#include "harness/runtime/double_exp.h"
+#include "harness/common/cpu_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -143,14 +143,14 @@ void exp_floats_scalar(const float* d, float* out, int n) {
 
 void exp_floats(const float* d, float* out, int n) {
 #ifdef KVEVICT_FLOAT_ROW_EXP_AVX2
-  if (vector_exp_supported()) return use_avx512() ? exp_floats_avx512(d, out, n) : exp_floats_avx2(d, out, n);
+  if (cpu_has_avx2_fma()) return use_avx512() ? exp_floats_avx512(d, out, n) : exp_floats_avx2(d, out, n);
 #endif
   exp_floats_scalar(d, out, n);
 }
 
 void exp_row_differences(const float* x, float shift, float* out, int n, double (&lanes)[kRowSumLanes]) {
 #ifdef KVEVICT_FLOAT_ROW_EXP_AVX2
-  if (vector_exp_supported()) {
+  if (cpu_has_avx2_fma()) {
     if (use_avx512()) return exp_row_differences_avx512(x, shift, out, n, lanes);
     return exp_row_differences_avx2(x, shift, out, n, lanes);
   }
