@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
+#include "harness/common/float_row_exp.h"
 #include "harness/model/bfloat16_bits.h"
 
 namespace kvevict {
@@ -31,34 +33,64 @@ S* storage(const torch::Tensor& t) {
 // the calling thread (as ATen's element-wise ops do below their grain size).
 int64_t row_grain(int64_t row_length) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, row_length)); }
 
+// One row's mean of squares: each square exact in double (a float's or bfloat16's
+// product fits its 53 bits), element i summed into lane i % 8 in order, the lanes
+// combined in a fixed tree, the sum divided by n and rounded once to float. Plain code,
+// one build for every CPU: a row's mean has the same bits on any x86-64, alone or in a
+// block, on any thread count.
 template <typename S>
-torch::Tensor rms_norm_as(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(1, n);
-  const S* X = storage<S>(x);
-  const S* W = storage<S>(w);
-  // ATen's expression: xf.pow(2).mean(-1, true) + eps, then rsqrt (pow(x, 2) is x * x).
-  auto squares = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
-  float* Q = squares.data_ptr<float>();
-  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * n; i < end * n; ++i) {
-      const float v = widen(X[i]);
-      Q[i] = v * v;
+float mean_of_squares(const S* x, int64_t n) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int lane = 0; lane < 8; ++lane) {
+      const double v = widen(x[i + lane]);
+      lanes[lane] += v * v;
     }
-  });
-  const auto mean = squares.mean(-1, true).contiguous();  // ATen's reduction order
-  const float* M = mean.data_ptr<float>();
-  const float eps_f = static_cast<float>(eps);
-  auto out = torch::empty(x.sizes(), x.options());
-  S* O = storage<S>(out);
+  for (int lane = 0; i < n; ++i, ++lane) {
+    const double v = widen(x[i]);
+    lanes[lane] += v * v;
+  }
+  const double sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  return static_cast<float>(sum / static_cast<double>(n));
+}
+
+// out = w * (x * rsqrt(mean(x^2) + eps)) for `rows` rows of n, each rounded as ATen rounds.
+template <typename S>
+void rms_norm_rows(const S* X, const S* W, int64_t rows, int64_t n, float eps, S* O) {
   at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float inverse_rms = 1.0f / std::sqrt(M[r] + eps_f);
       const S* in = X + r * n;
       S* o = O + r * n;
+      const float inverse_rms = 1.0f / std::sqrt(mean_of_squares(in, n) + eps);
       for (int64_t i = 0; i < n; ++i) store(o + i, widen(W[i]) * rounded(widen(in[i]) * inverse_rms, in));
     }
   });
+}
+
+template <typename S>
+torch::Tensor rms_norm_as(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(1, n);
+  auto out = torch::empty(x.sizes(), x.options());
+  rms_norm_rows(storage<S>(x), storage<S>(w), rows, n, static_cast<float>(eps), storage<S>(out));
   return out;
+}
+
+// x + delta, rounded to S as ATen's add rounds it, and that sum's RMSNorm.
+template <typename S>
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm_as(const torch::Tensor& x, const torch::Tensor& delta,
+                                                        const torch::Tensor& w, double eps) {
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(1, n);
+  auto sum = torch::empty(x.sizes(), x.options());
+  const S* X = storage<S>(x);
+  const S* D = storage<S>(delta);
+  S* Y = storage<S>(sum);
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * n; i < end * n; ++i) store(Y + i, widen(X[i]) + widen(D[i]));
+  });
+  auto out = torch::empty(x.sizes(), x.options());
+  rms_norm_rows(Y, storage<S>(w), rows, n, static_cast<float>(eps), storage<S>(out));
+  return {sum, out};
 }
 
 template <typename S>
@@ -89,6 +121,45 @@ torch::Tensor rotate_half_as(const torch::Tensor& x, const torch::Tensor& cos, c
   return out;
 }
 
+// Elements per exponential pass of silu_times: a float buffer on the stack.
+constexpr int64_t kSiluBlock = 1024;
+
+// out[i] = silu(gate[i]) * up[i] for `count` elements, each rounded to S where ATen rounds
+// (after the silu and after the product). silu(g) = g * sigmoid(g) with e = exp(-|g|),
+// which never overflows: g / (1 + e) for g >= 0, g * e / (1 + e) below. The
+// exponentials are float_row_exp.h's, the same bits in every loop, so an element's
+// result depends on its value alone: not on its place in a row, the block, the
+// thread count or the CPU.
+template <typename S>
+void silu_times_block(const S* gate, const S* up, int64_t count, S* out) {
+  float e[kSiluBlock];
+  for (int64_t first = 0; first < count; first += kSiluBlock) {
+    const int64_t n = std::min(kSiluBlock, count - first);
+    const S* g = gate + first;
+    for (int64_t i = 0; i < n; ++i) e[i] = -std::fabs(widen(g[i]));
+    exp_floats(e, e, static_cast<int>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = widen(g[i]);
+      const float silu = x >= 0 ? x / (1.0f + e[i]) : x * e[i] / (1.0f + e[i]);
+      store(out + first + i, rounded(silu, g) * widen(up[first + i]));
+    }
+  }
+}
+
+template <typename S>
+torch::Tensor silu_times_as(const torch::Tensor& gate, const torch::Tensor& up) {
+  const int64_t n = gate.size(-1), rows = gate.numel() / std::max<int64_t>(1, n);
+  const auto g = gate.reshape({rows, n}), u = up.reshape({rows, n});  // views where the strides allow
+  auto out = torch::empty({rows, n}, gate.options());
+  const S* G = storage<S>(g);
+  const S* U = storage<S>(u);
+  S* O = storage<S>(out);
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) silu_times_block(G + r * g.stride(0), U + r * u.stride(0), n, O + r * n);
+  });
+  return out.view(gate.sizes());
+}
+
 }  // namespace
 
 bool fused_elementwise_supported(const torch::Tensor& x, const torch::Tensor& partner) {
@@ -103,20 +174,36 @@ torch::Tensor rms_norm_aten(const torch::Tensor& x, const torch::Tensor& w, doub
   return w * normed.to(x.scalar_type());
 }
 
+namespace {
+// Whether the loops take x and w: x [..., n] (any strides: a copy is contiguous), w [n].
+bool fused_norm_supported(const torch::Tensor& x, const torch::Tensor& w) {
+  return fused_elementwise_supported(x, w) && x.dim() > 0 && w.dim() == 1 && w.size(0) == x.size(-1);
+}
+}  // namespace
+
 torch::Tensor rms_norm_fused(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  TORCH_CHECK(x.is_contiguous(), "rms_norm_fused: x must be contiguous");
-  const auto wc = w.contiguous();
-  if (x.scalar_type() == torch::kBFloat16) return rms_norm_as<uint16_t>(x, wc, eps);
-  return rms_norm_as<float>(x, wc, eps);
+  const auto xc = x.contiguous(), wc = w.contiguous();
+  if (x.scalar_type() == torch::kBFloat16) return rms_norm_as<uint16_t>(xc, wc, eps);
+  return rms_norm_as<float>(xc, wc, eps);
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  // ATen sums a strided row in another order than a contiguous one: such x keep ATen's ops
-  // (as does a w that is not one weight per element of a row: ATen says what is wrong).
-  if (fused_elementwise_supported(x, w) && x.is_contiguous() && x.dim() > 0 && w.dim() == 1 &&
-      w.size(0) == x.size(-1))
-    return rms_norm_fused(x, w, eps);
+  // Other dtypes and devices, and a w that is not one weight per element of a row (ATen
+  // then says what is wrong), keep ATen's ops.
+  if (fused_norm_supported(x, w)) return rms_norm_fused(x, w, eps);
   return rms_norm_aten(x, w, eps);
+}
+
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                     const torch::Tensor& w, double eps) {
+  if (!fused_norm_supported(x, w) || delta.scalar_type() != x.scalar_type() || !delta.device().is_cpu() ||
+      delta.sizes() != x.sizes()) {
+    auto sum = x + delta;
+    return {sum, rms_norm(sum, w, eps)};
+  }
+  const auto xc = x.contiguous(), dc = delta.contiguous(), wc = w.contiguous();
+  if (x.scalar_type() == torch::kBFloat16) return add_rms_norm_as<uint16_t>(xc, dc, wc, eps);
+  return add_rms_norm_as<float>(xc, dc, wc, eps);
 }
 
 torch::Tensor rotate_half_aten(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -163,6 +250,15 @@ torch::Tensor elementwise_in_chunks(const torch::Tensor& x, const std::function<
     }
   });
   return out.view(x.sizes());
+}
+
+torch::Tensor silu_times(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (!fused_elementwise_supported(gate, up) || gate.sizes() != up.sizes() || gate.dim() == 0)
+    return elementwise_in_chunks(gate, [](const torch::Tensor& c) { return torch::silu(c); }) * up;
+  // Rows whose elements are contiguous (a narrow() of a fused gate-up product is).
+  const auto g = gate.stride(-1) == 1 ? gate : gate.contiguous(), u = up.stride(-1) == 1 ? up : up.contiguous();
+  if (gate.scalar_type() == torch::kBFloat16) return silu_times_as<uint16_t>(g, u);
+  return silu_times_as<float>(g, u);
 }
 
 }  // namespace kvevict

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
+#include <utility>
 
 #include "harness/common/dtype_names.h"
 #include "harness/common/errors.h"
@@ -331,18 +333,20 @@ torch::Tensor Model::mlp_block(int layer, const torch::Tensor& h, const RowLayou
   const Slots& w = layers_[layer];
   auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
   const int64_t F = arch_.intermediate;
-  // silu(gate) * up: the activation by row (per_row), the product element-wise over the
-  // whole batch, which splits no differently per segment.
-  auto silu_rows = [&](const torch::Tensor& gate) {
-    return per_row(gate, rows, activation_rows_apart(F), [](const torch::Tensor& g) { return silu_in_chunks(g); });
+  // silu(gate) * up: one pass over the whole batch where the fused loop takes it (each
+  // element's bits its own); else the activation by row (per_row) and the product
+  // element-wise over the batch, which splits no differently per segment.
+  auto gated = [&](const torch::Tensor& gate, const torch::Tensor& up) {
+    if (fused_elementwise_supported(gate, up)) return silu_times(gate, up);
+    return per_row(gate, rows, activation_rows_apart(F), [](const torch::Tensor& g) { return silu_in_chunks(g); }) * up;
   };
   if (arch_.mlp == MlpKind::SwiGLU && W(Role::GateUpWeight).defined()) {
     auto gate_up = project(h, W(Role::GateUpWeight), {}, rows);
-    return project(silu_rows(gate_up.narrow(-1, 0, F)) * gate_up.narrow(-1, F, F), W(Role::DownWeight), {}, rows);
+    return project(gated(gate_up.narrow(-1, 0, F), gate_up.narrow(-1, F, F)), W(Role::DownWeight), {}, rows);
   }
   if (arch_.mlp == MlpKind::SwiGLU) {
     const auto gate_up = project_each(h, {{W(Role::GateWeight), {}}, {W(Role::UpWeight), {}}}, rows);
-    return project(silu_rows(gate_up[0]) * gate_up[1], W(Role::DownWeight), {}, rows);
+    return project(gated(gate_up[0], gate_up[1]), W(Role::DownWeight), {}, rows);
   }
   auto hidden = project(h, W(Role::Fc1Weight), W(Role::Fc1Bias), rows);
   return project(per_row(hidden, rows, activation_rows_apart(F), [&](const torch::Tensor& x) { return activation(x); }),
@@ -408,28 +412,47 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
   }
 
   for (const BatchSegment& segment : segments) segment.attention->set_sliding_window(arch_.sliding_window);
-  // RMSNorm's one reduction (ATen's mean of squares over the last dimension) sums each row
-  // on its own, below ATen's grain on one thread: a row's bits do not depend on the others.
+  // RMSNorm's one reduction sums each row on its own (fused_elementwise.h; ATen's mean over
+  // the last dimension likewise, below ATen's grain on one thread): a row's bits do not
+  // depend on the others.
   const bool norm_rows_apart = arch_.norm == NormKind::RMSNorm;
+  auto norm_rows = [&](const torch::Tensor& in, const Slots& layer, Role weight, Role bias) {
+    return per_row(in, rows, norm_rows_apart, [&](const torch::Tensor& part) {
+      return norm(part, layer[static_cast<int>(weight)], layer[static_cast<int>(bias)]);
+    });
+  };
+  // A residual sum and its norm, the next block's input: one pass over the rows where the
+  // fused RMSNorm takes them (the sum has ATen's bits, each row's norm is its own).
+  auto add_norm = [&](const torch::Tensor& in, const torch::Tensor& delta, const Slots& layer, Role weight,
+                      Role bias) -> std::pair<torch::Tensor, torch::Tensor> {
+    const torch::Tensor& w = layer[static_cast<int>(weight)];
+    if (arch_.norm == NormKind::RMSNorm && fused_elementwise_supported(in, w))
+      return add_rms_norm(in, delta, w, arch_.norm_eps);
+    auto sum = in + delta;
+    return {sum, norm_rows(sum, layer, weight, bias)};
+  };
+  torch::Tensor h;  // PreNormSequential: the norm of x that the next block reads
   for (int l = 0; l < arch_.n_layers; ++l) {
     const Slots& w = layers_[l];
-    auto W = [&](Role r) -> const torch::Tensor& { return w[static_cast<int>(r)]; };
-    auto norm_rows = [&](const torch::Tensor& in, Role weight, Role bias) {
-      return per_row(in, rows, norm_rows_apart, [&](const torch::Tensor& part) { return norm(part, W(weight), W(bias)); });
-    };
-    auto attend = [&](const torch::Tensor& h) { return attention_block(l, h, cos, sin, segments, rows); };
+    auto attend = [&](const torch::Tensor& in) { return attention_block(l, in, cos, sin, segments, rows); };
     switch (arch_.residual) {
-      case ResidualKind::PreNormSequential:
-        x = x + attend(norm_rows(x, Role::AttnNormWeight, Role::AttnNormBias));
-        x = x + mlp_block(l, norm_rows(x, Role::MlpNormWeight, Role::MlpNormBias), rows);
+      case ResidualKind::PreNormSequential: {
+        if (l == 0) h = norm_rows(x, w, Role::AttnNormWeight, Role::AttnNormBias);
+        std::tie(x, h) = add_norm(x, attend(h), w, Role::MlpNormWeight, Role::MlpNormBias);
+        const torch::Tensor mlp = mlp_block(l, h, rows);
+        if (l + 1 < arch_.n_layers)
+          std::tie(x, h) = add_norm(x, mlp, layers_[l + 1], Role::AttnNormWeight, Role::AttnNormBias);
+        else
+          x = x + mlp;
         break;
+      }
       case ResidualKind::PreNormParallel:
-        x = x + attend(norm_rows(x, Role::AttnNormWeight, Role::AttnNormBias)) +
-            mlp_block(l, norm_rows(x, Role::MlpNormWeight, Role::MlpNormBias), rows);
+        x = x + attend(norm_rows(x, w, Role::AttnNormWeight, Role::AttnNormBias)) +
+            mlp_block(l, norm_rows(x, w, Role::MlpNormWeight, Role::MlpNormBias), rows);
         break;
       case ResidualKind::PostNorm:
-        x = norm_rows(x + attend(x), Role::AttnNormWeight, Role::AttnNormBias);
-        x = norm_rows(x + mlp_block(l, x, rows), Role::MlpNormWeight, Role::MlpNormBias);
+        x = norm_rows(x + attend(x), w, Role::AttnNormWeight, Role::AttnNormBias);
+        x = norm_rows(x + mlp_block(l, x, rows), w, Role::MlpNormWeight, Role::MlpNormBias);
         break;
     }
   }
