@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "harness/common/bit_cast.h"
 #include "harness/common/float_row_exp.h"
 #include "harness/model/bfloat16_bits.h"
 
@@ -138,9 +139,14 @@ void silu_times_block(const S* gate, const S* up, int64_t count, S* out) {
     const S* g = gate + first;
     for (int64_t i = 0; i < n; ++i) e[i] = -std::fabs(widen(g[i]));
     exp_floats(e, e, static_cast<int>(n));
+    // Both numerators computed and one chosen by x's sign bit (-0 takes x * e = -0 too):
+    // integer selects the compiler vectorises, where a comparison (which may trap) or a
+    // branch (the signs of a row's gates are random) left a scalar loop 8x slower.
     for (int64_t i = 0; i < n; ++i) {
       const float x = widen(g[i]);
-      const float silu = x >= 0 ? x / (1.0f + e[i]) : x * e[i] / (1.0f + e[i]);
+      const uint32_t negative = 0u - (bit_cast<uint32_t>(x) >> 31);  // all ones below zero
+      const uint32_t numerator = (bit_cast<uint32_t>(x) & ~negative) | (bit_cast<uint32_t>(x * e[i]) & negative);
+      const float silu = bit_cast<float>(numerator) / (1.0f + e[i]);
       store(out + first + i, rounded(silu, g) * widen(up[first + i]));
     }
   }
