@@ -473,8 +473,27 @@ TEST_CASE("kvevict analyze --kv-quant: the settings in the JSON, the statistics 
   collect_numbers(b, nb);
   collect_numbers(c, nc);
   CHECK(na.size() > 50);
-  CHECK(test::max_diff(na, nb) < 1e-5);  // nothing flushed: the unquantized statistics
   CHECK(test::max_diff(na, nc) > 1e-3);  // 2-bit keys and values move them
+  // Nothing flushed: the unquantized statistics, up to how the two attention paths round
+  // (one row at a time against the observed blocks). Persistence counts top-k members:
+  // a key at a near tie with the k-th can change sides, which moves a layer's fraction by
+  // one over its count (1.2e-4 at the most at these 150 tokens), so it is compared apart.
+  std::vector<double> pa, pb;
+  for (auto* analysis : {&a, &b}) {
+    auto& persistence = analysis == &a ? pa : pb;
+    for (auto& layer : (*analysis)["layers"]) {
+      collect_numbers(layer["persistence"], persistence);
+      layer.erase("persistence");
+    }
+  }
+  na.clear();
+  nb.clear();
+  collect_numbers(a, na);
+  collect_numbers(b, nb);
+  CHECK(na.size() > 40);
+  CHECK(test::max_diff(na, nb) < 1e-5);
+  CHECK(pa.size() >= 5);
+  CHECK(test::max_diff(pa, pb) < 5e-4);
   auto bad_group = test::run_kvevict(text + " --kv-quant kivi --kv-group 3 --kv-residual 9");
   CHECK(bad_group.exit_code == 1);
   CHECK_THAT(bad_group.err, Catch::Contains("--kv-group"));

@@ -152,6 +152,39 @@ TEST_CASE("rope scaling follows Hugging Face's formulas", "[arch]") {
   }
 }
 
+TEST_CASE("RoPE's cos and sin: Hugging Face's float32 angles, each cos and sin rounded once, a row per position",
+          "[arch]") {
+  ArchSpec a;
+  a.rotary_dim = 64;
+  a.rope_theta = 10000;
+  a.max_positions = 4096;
+  const auto inv_freq = rope_inv_freq(a, 10);  // [32] float32
+  const int64_t start = 3000, t = 37;
+  const auto [cos, sin] = rope_cos_sin(inv_freq, start, t, torch::kFloat32, torch::kCPU);
+  REQUIRE(cos.sizes() == torch::IntArrayRef({t, 1, 64}));
+  // The angles as Hugging Face computes them (float32 products), the functions in float64.
+  const auto freqs = torch::outer(torch::arange(start, start + t, torch::kFloat32), inv_freq);
+  const auto angles = torch::cat({freqs, freqs}, -1).to(torch::kFloat64).unsqueeze(1);
+  CHECK(torch::equal(cos, angles.cos().to(torch::kFloat32)));
+  CHECK(torch::equal(sin, angles.sin().to(torch::kFloat32)));
+  // Within an ulp or two of ATen's float32 cos (Sleef's, within 1 ulp): a test that the angles are the same.
+  CHECK(torch::allclose(cos, angles.to(torch::kFloat32).cos(), 0, 3e-7));
+  // Position 3010's row alone is the block's row, on any thread count and in bfloat16 too.
+  const auto [one_cos, one_sin] = rope_cos_sin(inv_freq, start + 10, 1, torch::kFloat32, torch::kCPU);
+  CHECK(torch::equal(one_cos[0], cos[10]));
+  CHECK(torch::equal(one_sin[0], sin[10]));
+  const auto [bf_cos, bf_sin] = rope_cos_sin(inv_freq, start, t, torch::kBFloat16, torch::kCPU);
+  CHECK(torch::equal(bf_cos, cos.to(torch::kBFloat16)));
+  CHECK(torch::equal(bf_sin, sin.to(torch::kBFloat16)));
+  // float64 reference runs: the angles and the functions in float64 (std::cos against
+  // ATen's, each within an ulp).
+  const auto inv64 = rope_inv_freq(a, 10, torch::kFloat64);
+  const auto [cos64, sin64] = rope_cos_sin(inv64, start, t, torch::kFloat64, torch::kCPU);
+  const auto freqs64 = torch::outer(torch::arange(start, start + t, torch::kFloat64), inv64);
+  CHECK(torch::allclose(cos64, torch::cat({freqs64, freqs64}, -1).cos().unsqueeze(1), 0, 1e-15));
+  CHECK(torch::allclose(sin64, torch::cat({freqs64, freqs64}, -1).sin().unsqueeze(1), 0, 1e-15));
+}
+
 TEST_CASE("make-random-model writes a loadable Qwen3-shaped checkpoint", "[arch][cli]") {
   const auto dir = test::temp_dir("random_qwen3");
   auto r = test::run_kvevict("make-random-model --out " + dir + " --arch qwen3 --layers 2 --hidden 64 --heads 4"

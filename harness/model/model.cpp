@@ -389,21 +389,20 @@ std::vector<torch::Tensor> Model::forward_batch(const std::vector<BatchSegment>&
   if (G(Role::ProjectIn).defined()) x = project(x, G(Role::ProjectIn), {}, rows);
 
   std::vector<torch::Tensor> cos, sin;  // [segments]: each [t_i, 1, rotary_dim]
-  std::vector<torch::Tensor> positions;  // [segments]: each [t_i]
+  std::vector<torch::Tensor> positions;  // learned positions: [segments], each [t_i]
   for (const BatchSegment& segment : segments) {
     const int64_t start = segment.start, t = static_cast<int64_t>(segment.tokens.size());
-    positions.push_back(torch::arange(start, start + t, torch::kLong));
     if (arch_.positions == PositionKind::Learned) {
+      positions.push_back(torch::arange(start, start + t, torch::kLong));
       if (start + t + arch_.position_offset > G(Role::PositionEmbed).size(0))
         throw Error("sequence of " + std::to_string(start + t) + " tokens exceeds the model's " +
                     std::to_string(arch_.max_positions) + " learned positions");
     } else {
       const auto table = inv_freq_.defined() ? inv_freq_.scalar_type() : torch::kFloat32;
       const auto inv_freq = rope_depends_on_length(arch_) ? rope_inv_freq(arch_, start + t, table) : inv_freq_;
-      auto freqs = torch::outer(positions.back().to(table), inv_freq);
-      auto emb = torch::cat({freqs, freqs}, -1);  // [t, rotary_dim]
-      cos.push_back(elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.cos(); }).unsqueeze(1).to(device_, dtype_));
-      sin.push_back(elementwise_in_chunks(emb, [](const torch::Tensor& c) { return c.sin(); }).unsqueeze(1).to(device_, dtype_));
+      auto [segment_cos, segment_sin] = rope_cos_sin(inv_freq, start, t, dtype_, device_);
+      cos.push_back(std::move(segment_cos));
+      sin.push_back(std::move(segment_sin));
     }
   }
   if (arch_.positions == PositionKind::Learned) {
