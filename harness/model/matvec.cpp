@@ -119,22 +119,41 @@ __attribute__((target("avx2,fma"))) void dot_rows_avx2(const W* w, const float* 
 // part, a few lines a loop step, so the fetch runs through the whole block's arithmetic:
 // all of it in the first group's steps kept the memory idle for the rest (float32 on a
 // 2-core Xeon, random 12 x 768 model: batch 32 377 -> 418 tokens/s, batch 8 214 -> 230).
-// parts = 0: no software prefetch. A prefetch never faults, so the last block may reach
-// past the weights.
+// parts = 0: a block of one weight row (the bfloat16 kernels below four rows of x), whose
+// next block is too close to fetch ahead of: each step fetches into L1 the line
+// kStreamAheadBytes past the weights it reads (the rows are contiguous, so the stream runs
+// on into the next rows). The hardware prefetcher alone left that stream short of the
+// bandwidth. bfloat16 on 2 threads of the 2-core Xeon, interleaved rounds, tokens/s:
+// 12 x 768 batch 1 83 -> 101 (4 KiB ahead; 8 to 16 KiB the same within the noise),
+// batch 2 150 -> 190, batch 3 180 -> 245; the 1B shape (4 KiB rows) batch 1 10.8 and
+// batch 2 20.0 with 4 KiB ahead, 11.2-11.9 and 22.4-22.6 with 16 KiB. Into L2 or as
+// non-temporal it did less. A prefetch never faults, so the last block may reach past
+// the weights.
+constexpr int64_t kStreamAheadBytes = 16384;
 struct PrefetchShare {
   const char* next = nullptr;  // the next line to fetch
   const char* end = nullptr;
   int64_t lines_per_step = 0;
+  bool stream_ahead = false;
   template <typename W>
   PrefetchShare(const W* block_end, int64_t bytes, int part, int parts, int64_t steps) {
-    if (parts <= 0 || steps <= 0) return;
+    if (steps <= 0) return;
+    if (parts <= 0) {
+      stream_ahead = true;
+      return;
+    }
     const char* start = reinterpret_cast<const char*>(block_end);
     next = start + bytes * part / parts / 64 * 64;
     end = start + bytes * (part + 1) / parts;
     const int64_t lines = (end - next + 63) / 64;
     lines_per_step = (lines + steps - 1) / steps;
   }
-  __attribute__((always_inline)) inline void step() {
+  // One loop step, whose last weight row reads at `reading`.
+  __attribute__((always_inline)) inline void step(const void* reading) {
+    if (stream_ahead) {
+      _mm_prefetch(static_cast<const char*>(reading) + kStreamAheadBytes, _MM_HINT_T0);
+      return;
+    }
     for (int64_t k = 0; k < lines_per_step && next < end; ++k, next += 64) _mm_prefetch(next, _MM_HINT_T1);
   }
 };
@@ -170,7 +189,7 @@ __attribute__((target("avx2,fma"))) void dot_block_avx2(const W* const* w, const
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g) a[r][g] = _mm256_setzero_ps();
     for (int64_t i = 8 * c; i < whole; i += 32) {
-      share.step();
+      share.step(w[R - 1] + i);
       block_step<R, G>(w, x, i, a);
     }
     if (c == 0)
@@ -230,7 +249,7 @@ __attribute__((target("avx512f,avx2,fma"))) void block_columns_avx512(const W* c
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < G; ++g) acc[half][r][g] = first ? _mm512_setzero_ps() : halves[half][r][g];
     for (int64_t i = from; i < to; i += 32) {
-      share.step();
+      share.step(w[R - 1] + i);
       for (int half = 0; half < 2; ++half) {
         __m512 wv[R];
         for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i + 16 * half);
@@ -250,7 +269,7 @@ __attribute__((target("avx512f,avx2,fma"))) void block_columns_avx512(const W* c
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g) acc[r][g] = first ? _mm512_setzero_ps() : halves[half][r][g];
     for (int64_t i = from + 16 * half; i < to; i += 32) {
-      share.step();
+      share.step(w[R - 1] + i);
       __m512 wv[R];
       for (int r = 0; r < R; ++r) wv[r] = load16(w[r] + i);
       for (int g = 0; g < G; ++g) {
@@ -475,7 +494,7 @@ struct Bf16Dot {
     const uint16_t* wp[R];
     const uint16_t* xp[G];
     for (int64_t i = from; i < to; i += kBf16Chunk) {
-      share.step();
+      share.step(w[R - 1] + i);
       for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
       for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
       step<R, G>(acc, wp, xp);
@@ -555,7 +574,7 @@ struct Bf16Avx512 {
     const uint16_t* wp[R];
     const uint16_t* xp[G];
     for (int64_t i = 0; i < whole; i += kBf16Chunk) {
-      share.step();
+      share.step(w[R - 1] + i);
       for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
       for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
       step<R, G>(acc, wp, xp);
@@ -618,7 +637,7 @@ struct Bf16Avx2 {
       const uint16_t* wp[R];
       const uint16_t* xp[G];
       for (int64_t i = 0; i < whole; i += kBf16Chunk) {
-        share.step();
+        share.step(w[R - 1] + i);
         for (int r = 0; r < R; ++r) wp[r] = w[r] + i;
         for (int g = 0; g < G; ++g) xp[g] = x[g] + i;
         step<R, G>(acc, half, wp, xp);
@@ -659,11 +678,11 @@ void bf16_weight_rows_chunked(const uint16_t* const* w, const uint16_t* const* x
 
 template <class Kernel, int R>
 void bf16_weight_rows(const uint16_t* const* w, const uint16_t* const* x, int64_t batch, int64_t n, float* sums,
-                      bool prefetch) {
+                      bool fetch_next_block) {
   if constexpr (Kernel::kColumnChunks)
     if (batch > 4 && (R + 4) * n * 2 > kL1BlockBytes && n / kBf16Chunk * kBf16Chunk > kChunkColumns)
       return bf16_weight_rows_chunked<Kernel, R>(w, x, batch, n, sums);
-  const int parts = prefetch ? int((batch + 3) / 4) : 0;
+  const int parts = fetch_next_block ? int((batch + 3) / 4) : 0;  // 0: stream ahead (PrefetchShare)
   int64_t b = 0;
   for (; b + 4 <= batch; b += 4) Kernel::template block<R, 4>(w, x + b, n, sums + b, batch, int(b / 4), parts);
   const int part = int(b / 4);
@@ -677,22 +696,23 @@ void bf16_weight_rows(const uint16_t* const* w, const uint16_t* const* x, int64_
 
 // Weight rows r .. r+count-1 (count <= Kernel::kWeightRows) against x's rows:
 // sums[k * batch + b]. Fewer than 4 rows of x are bound by reading the weights, which
-// the hardware prefetcher alone streams best from two rows at a time (the batch-1 step
-// of the random 12 x 768 model in bfloat16: 71 tokens/s with six rows and the software
-// prefetch, against llama.cpp's 133, in one run).
+// stream best one row at a time with the line 16 KiB ahead fetched at each step
+// (PrefetchShare's parts = 0; six rows with the next block fetched into L2 gave the
+// batch-1 step of the random 12 x 768 model in bfloat16 71 tokens/s against llama.cpp's
+// 133, in one run).
 template <class Kernel>
 void bf16_block_rows(const uint16_t* w, int64_t r, int64_t count, const uint16_t* const* x, int64_t batch, int64_t n,
                      float* sums) {
   const uint16_t* block[Kernel::kWeightRows];
   for (int k = 0; k < count; ++k) block[k] = w + (r + k) * n;
-  const bool prefetch = batch >= 4;
+  const bool fetch_next_block = batch >= 4;
   switch (count) {
-    case 6: if constexpr (Kernel::kWeightRows >= 6) bf16_weight_rows<Kernel, 6>(block, x, batch, n, sums, prefetch); break;
-    case 5: if constexpr (Kernel::kWeightRows >= 5) bf16_weight_rows<Kernel, 5>(block, x, batch, n, sums, prefetch); break;
-    case 4: if constexpr (Kernel::kWeightRows >= 4) bf16_weight_rows<Kernel, 4>(block, x, batch, n, sums, prefetch); break;
-    case 3: if constexpr (Kernel::kWeightRows >= 3) bf16_weight_rows<Kernel, 3>(block, x, batch, n, sums, prefetch); break;
-    case 2: bf16_weight_rows<Kernel, 2>(block, x, batch, n, sums, prefetch); break;
-    case 1: bf16_weight_rows<Kernel, 1>(block, x, batch, n, sums, prefetch); break;
+    case 6: if constexpr (Kernel::kWeightRows >= 6) bf16_weight_rows<Kernel, 6>(block, x, batch, n, sums, fetch_next_block); break;
+    case 5: if constexpr (Kernel::kWeightRows >= 5) bf16_weight_rows<Kernel, 5>(block, x, batch, n, sums, fetch_next_block); break;
+    case 4: if constexpr (Kernel::kWeightRows >= 4) bf16_weight_rows<Kernel, 4>(block, x, batch, n, sums, fetch_next_block); break;
+    case 3: if constexpr (Kernel::kWeightRows >= 3) bf16_weight_rows<Kernel, 3>(block, x, batch, n, sums, fetch_next_block); break;
+    case 2: bf16_weight_rows<Kernel, 2>(block, x, batch, n, sums, fetch_next_block); break;
+    case 1: bf16_weight_rows<Kernel, 1>(block, x, batch, n, sums, fetch_next_block); break;
     default: throw Error("matvec: a bfloat16 block of " + std::to_string(count) + " weight rows");
   }
 }
