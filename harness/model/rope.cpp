@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "harness/common/errors.h"
 
@@ -40,17 +39,20 @@ torch::Tensor rope_inv_freq(const ArchSpec& arch, int64_t seq_len, torch::Scalar
 
 namespace {
 
-// The angles' cos and sin in T (inv_freq's dtype): [t, rotary_dim] each.
+// The angles' cos and sin in T (inv_freq's dtype): [t, 2 * half] each, whose two halves
+// are the same (Hugging Face's cat(freqs, freqs)): each value computed once, stored twice.
 template <typename T>
 void cos_sin_rows(const T* inv_freq, int64_t half, int64_t start, int64_t t, T* cos, T* sin) {
   const int64_t width = 2 * half;
   at::parallel_for(0, t, std::max<int64_t>(1, 2048 / width), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const T position = static_cast<T>(start + row);
-      for (int64_t j = 0; j < width; ++j) {
-        const double angle = static_cast<double>(position * inv_freq[j % half]);
-        cos[row * width + j] = static_cast<T>(std::cos(angle));
-        sin[row * width + j] = static_cast<T>(std::sin(angle));
+      T* row_cos = cos + row * width;
+      T* row_sin = sin + row * width;
+      for (int64_t j = 0; j < half; ++j) {
+        const double angle = static_cast<double>(position * inv_freq[j]);
+        row_cos[j] = row_cos[half + j] = static_cast<T>(std::cos(angle));
+        row_sin[j] = row_sin[half + j] = static_cast<T>(std::sin(angle));
       }
     }
   });
@@ -60,15 +62,15 @@ void cos_sin_rows(const T* inv_freq, int64_t half, int64_t start, int64_t t, T* 
 
 std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& inv_freq, int64_t start, int64_t t,
                                                      torch::ScalarType dtype, torch::Device device) {
-  const auto table = inv_freq.to(torch::kCPU).contiguous();
+  const bool in_double = inv_freq.scalar_type() == torch::kFloat64;
+  const auto table = inv_freq.to(torch::kCPU, in_double ? torch::kFloat64 : torch::kFloat32).contiguous();
   const int64_t half = table.numel();
   auto cos = torch::empty({t, 1, 2 * half}, table.options());
   auto sin = torch::empty({t, 1, 2 * half}, table.options());
-  if (table.scalar_type() == torch::kFloat64)
+  if (in_double)
     cos_sin_rows(table.data_ptr<double>(), half, start, t, cos.data_ptr<double>(), sin.data_ptr<double>());
   else
-    cos_sin_rows(table.to(torch::kFloat32).data_ptr<float>(), half, start, t, cos.data_ptr<float>(),
-                 sin.data_ptr<float>());
+    cos_sin_rows(table.data_ptr<float>(), half, start, t, cos.data_ptr<float>(), sin.data_ptr<float>());
   return {cos.to(device, dtype), sin.to(device, dtype)};
 }
 
