@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "harness/common/cpu_isa.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define KVEVICT_FLOAT_EXP_AVX2 1
@@ -119,8 +121,7 @@ std::vector<float> expf_main_range_floats(uint32_t stride) {
 
 bool vector_expf_supported() {
 #ifdef KVEVICT_FLOAT_EXP_AVX2
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return supported;
+  return cpu_has_avx2_fma();
 #else
   return false;
 #endif
