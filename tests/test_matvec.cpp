@@ -194,8 +194,12 @@ std::vector<float> matvec_bf16_pair_order(const torch::Tensor& weight, const tor
 
 TEST_CASE("bfloat16 matvec sums in vdpbf16ps's pair order on every kernel this CPU has", "[matvec][batch]") {
   struct Restore {
-    ~Restore() { limit_matvec_isa(MatvecIsa::Avx512Bf16); }
+    ~Restore() {
+      limit_matvec_isa(MatvecIsa::Avx512Bf16);
+      prefer_bf16_dot(false);
+    }
   } restore;
+  prefer_bf16_dot(true);  // vdpbf16ps where the CPU has it, even where FMAs outrun it
   std::vector<MatvecIsa> levels;
   for (auto isa : {MatvecIsa::Avx512Bf16, MatvecIsa::Avx512, MatvecIsa::Avx2, MatvecIsa::Portable}) {
     limit_matvec_isa(isa);

@@ -4,9 +4,9 @@
 // and torch::mv reach about half and two thirds of the read bandwidth here, this
 // kernel reaches it: each weight row is one sequential stream, accumulated in float32,
 // and threads split the output rows. Large batches are bound by the multiply-adds
-// instead: bfloat16 takes the AVX512-BF16 dot product where the CPU has it (two
-// multiply-adds per float32 lane and instruction, no widening), in an order that the
-// other kernels follow too (matvec.cpp).
+// instead: bfloat16 sums in the pair order of the AVX512-BF16 dot product, which every
+// kernel follows (matvec.cpp), by that instruction or by float32 FMAs, whichever this CPU
+// runs faster.
 #pragma once
 #include <vector>
 
@@ -38,18 +38,24 @@ struct Linear {
 // three. Each output has matvec()'s bits.
 std::vector<torch::Tensor> matvec_each(const std::vector<Linear>& linears, const torch::Tensor& x);
 
-// The vector instructions matvec() runs: AVX-512 where the CPU has it (with AVX512-BF16's
-// dot product for bfloat16 where it has that too), else AVX2 with FMA, else portable C++.
+// The vector instructions matvec() runs: AVX-512 where the CPU has it, else AVX2 with FMA,
+// else portable C++. bfloat16 on AVX-512 takes AVX512-BF16's dot product (vdpbf16ps) where
+// the CPU has it and runs it faster than two float32 FMAs (bf16_dot_outruns_fma, measured
+// once), else widens to float32 and multiplies with FMAs (exact products either way).
 // float32: AVX-512 and AVX2 give the same bits (the AVX-512 kernel keeps the AVX2
 // kernel's accumulators, two to a register); its portable loop sums in another order.
-// bfloat16: every level gives the same bits, the portable loop too (except where vdpbf16ps
+// bfloat16: every kernel gives the same bits, the portable loop too (except where vdpbf16ps
 // flushes a denormal to zero). ATEN_CPU_CAPABILITY=avx2 (or default) keeps AVX-512 off,
-// as it does for ATen.
+// as it does for ATen. Avx512Bf16: the dot product runs.
 enum class MatvecIsa { Portable, Avx2, Avx512, Avx512Bf16 };
 MatvecIsa matvec_isa();
 
 // Tests: no wider than `widest` from now on (Avx512Bf16 lifts the limit), so one machine
 // checks that its kernels give the same bits.
 void limit_matvec_isa(MatvecIsa widest);
+
+// Tests: with `prefer`, bfloat16 takes vdpbf16ps wherever the CPU has it, even where two
+// FMAs outrun it, so one machine checks both kernels; false returns to the measured choice.
+void prefer_bf16_dot(bool prefer);
 
 }  // namespace kvevict

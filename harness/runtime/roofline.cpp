@@ -1,5 +1,6 @@
 #include "harness/runtime/roofline.h"
 
+#include "harness/common/multiply_add_chains.h"
 #include "harness/model/matvec.h"
 #include "harness/model/weight_arena.h"
 
@@ -165,66 +166,7 @@ ReadBandwidth measure_read_bandwidth(int64_t bytes, int repeat) { return Bandwid
 
 namespace {
 
-// Independent multiply-add chains per thread: 12 cover a 4-cycle FMA latency on two ports
-// with room to spare. acc = acc * m + c converges to c / (1 - m) = 1: no overflow, no
-// denormals. The chains live in registers (the inner loop is unrolled), so no load or
-// store is timed.
-constexpr int kFmaChains = 12;
 constexpr int64_t kFmaIterations = 4'000'000;
-
-float fma_chains_portable(int64_t n) {
-  float acc[kFmaChains];
-  for (int k = 0; k < kFmaChains; ++k) acc[k] = 1.0f + k * 1e-3f;
-  for (int64_t i = 0; i < n; ++i)
-#pragma GCC unroll 16
-    for (int k = 0; k < kFmaChains; ++k) acc[k] = acc[k] * 0.999999f + 1e-6f;
-  float sum = 0;
-  for (float a : acc) sum += a;
-  return sum;
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t n) {
-  __m256 acc[kFmaChains];
-  for (int k = 0; k < kFmaChains; ++k) acc[k] = _mm256_set1_ps(1.0f + k * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-  for (int64_t i = 0; i < n; ++i)
-#pragma GCC unroll 16
-    for (int k = 0; k < kFmaChains; ++k) acc[k] = _mm256_fmadd_ps(acc[k], m, c);
-  alignas(32) float lanes[8];
-  __m256 sum = acc[0];
-  for (int k = 1; k < kFmaChains; ++k) sum = _mm256_add_ps(sum, acc[k]);
-  _mm256_store_ps(lanes, sum);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
-}
-
-__attribute__((target("avx512f"))) float fma_chains_avx512(int64_t n) {
-  __m512 acc[kFmaChains];
-  for (int k = 0; k < kFmaChains; ++k) acc[k] = _mm512_set1_ps(1.0f + k * 1e-3f);
-  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
-  for (int64_t i = 0; i < n; ++i)
-#pragma GCC unroll 16
-    for (int k = 0; k < kFmaChains; ++k) acc[k] = _mm512_fmadd_ps(acc[k], m, c);
-  __m512 sum = acc[0];
-  for (int k = 1; k < kFmaChains; ++k) sum = _mm512_add_ps(sum, acc[k]);
-  return _mm512_reduce_add_ps(sum);
-}
-
-// vdpbf16ps: per float32 lane, acc += a0 * b0 + a1 * b1 (two bfloat16 pairs: 4 FLOPs).
-// a = 1, b = 2^-20: the chains grow by about 2^-19 a step, far from overflow.
-__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_chains(int64_t n) {
-  __m512 acc[kFmaChains];
-  for (int k = 0; k < kFmaChains; ++k) acc[k] = _mm512_set1_ps(1.0f + k * 1e-3f);
-  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1.0f), _mm512_set1_ps(1.0f));
-  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0x1p-20f), _mm512_set1_ps(0x1p-20f));
-  for (int64_t i = 0; i < n; ++i)
-#pragma GCC unroll 16
-    for (int k = 0; k < kFmaChains; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
-  __m512 sum = acc[0];
-  for (int k = 1; k < kFmaChains; ++k) sum = _mm512_add_ps(sum, acc[k]);
-  return _mm512_reduce_add_ps(sum);
-}
-#endif
 
 // FLOPs per second of `chains(n)` run on every ATen thread at once, each its own chains;
 // `flops_per_iteration` counts one iteration of all the chains. The best of `repeat`.
@@ -250,11 +192,11 @@ double chains_flops_per_s(float (*chains)(int64_t), double flops_per_iteration, 
 
 FmaPeak measure_fma_peak(int repeat) {
   FmaPeak peak;
-  peak.f32_flops_per_s = chains_flops_per_s(fma_chains_portable, 2.0 * kFmaChains, repeat, &peak.threads);
+  peak.f32_flops_per_s = chains_flops_per_s(fma_chains_portable, 2.0 * kMultiplyAddChains, repeat, &peak.threads);
   peak.f32_isa = "portable";
 #if defined(__x86_64__) && defined(__GNUC__)
   auto try_isa = [&](float (*chains)(int64_t), int lanes, const char* isa) {
-    const double flops = chains_flops_per_s(chains, 2.0 * kFmaChains * lanes, repeat, &peak.threads);
+    const double flops = chains_flops_per_s(chains, 2.0 * kMultiplyAddChains * lanes, repeat, &peak.threads);
     if (flops > peak.f32_flops_per_s) {
       peak.f32_flops_per_s = flops;
       peak.f32_isa = isa;
@@ -263,7 +205,7 @@ FmaPeak measure_fma_peak(int repeat) {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) try_isa(fma_chains_avx2, 8, "avx2");
   if (__builtin_cpu_supports("avx512f")) try_isa(fma_chains_avx512, 16, "avx512");
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
-    peak.bf16_dot_flops_per_s = chains_flops_per_s(bf16_dot_chains, 4.0 * kFmaChains * 16, repeat, &peak.threads);
+    peak.bf16_dot_flops_per_s = chains_flops_per_s(bf16_dot_chains, 4.0 * kMultiplyAddChains * 16, repeat, &peak.threads);
 #endif
   return peak;
 }
