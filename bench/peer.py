@@ -335,8 +335,10 @@ def main():
     log(f"roofline from read {bandwidth / 1e9:.1f} GB/s and FMA {fma / 1e9:.1f} GFLOP/s (the highest of "
         f"{len(readings)} readings; read {min(r['read_GB_per_s'] for r in readings):.1f}-{bandwidth / 1e9:.1f}, "
         f"FMA {min(r['fma_f32_GFLOP_per_s'] for r in readings):.1f}-{fma / 1e9:.1f})")
-    # bfloat16 rows: the machine's bfloat16 dot product (AVX512-BF16, twice the float32
-    # FMAs) is their compute limit where it exists, whatever either engine uses.
+    # bfloat16 rows: the faster of the machine's two ways to multiply bfloat16 is their
+    # compute limit, whatever either engine uses: the AVX512-BF16 dot product where the CPU
+    # has it (twice the float32 FMA rate on Zen 4, half of it on the Xeon here), or float32
+    # FMAs on widened values (exact).
     bf16_dot = max(r.get("bf16_dot_GFLOP_per_s", 0) for r in readings) * 1e9
     # An evicting row against the full cache's row of the same shape, dtype and batch or length.
     full_speed = {(n, d, s.get("decode_batch"), s.get("prefill")): k for n, d, s, k, *_ in measured
@@ -345,7 +347,7 @@ def main():
     for name, dtype, spec, best_k, best_l, best_b, kv_row, load in measured:
         full = full_speed.get((name, dtype, spec.get("decode_batch"), spec.get("prefill")))
         of_full = "-" if spec.get("policy", "full") == "full" else ratio(best_k, full)
-        peak, peak_name = (bf16_dot, "bf16 dot") if dtype == "bfloat16" and bf16_dot > 0 else (fma, "FMA")
+        peak, peak_name = (bf16_dot, "bf16 dot") if dtype == "bfloat16" and bf16_dot > fma else (fma, "FMA")
         # The roofline: a decode step reads the weights once and each sequence's cache
         # (about prompt + steps/2 rows) and does its products; a prefill is bound by its FLOPs.
         if "decode_batch" in spec:
