@@ -592,7 +592,7 @@ struct Bf16Fma {
     if (whole < n) {  // x's padded chunk is in place; the weights' is copied
       uint16_t wt[R][kBf16Chunk];
       for (int r = 0; r < R; ++r) padded_tail(w[r], n, wt[r]);
-      step<R, G>(acc, Rows<uint16_t>{wt[0] - whole, kBf16Chunk}, x, whole);
+      step<R, G>(acc, Rows<uint16_t>{wt[0], kBf16Chunk}, Rows<float>{x[0] + whole, x.stride}, 0);
     }
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g)
